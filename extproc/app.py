@@ -1,0 +1,63 @@
+"""Assemble one gate process: config → stages → pipeline → gRPC server."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+
+from .config import Config
+from .metrics import Metrics
+from .pipeline import Pipeline
+from .server import mark_serving, start_server
+from .stages.identity import Identity
+from .stages.prompt_limit import PromptLimit
+from .stages.route import Route
+from .stages.validate import Validate
+from .tokens import TokenCounter
+
+log = logging.getLogger("llm_gate")
+
+
+def build_pipeline(config: Config, metrics: Metrics) -> Pipeline:
+    """The request path, in order. Adding a stage is one line here."""
+    v, r = config.validation, config.routing
+    stages = [
+        Identity(config.identity),
+        Validate(v),
+        Route(r),
+        PromptLimit(r, v.max_prompt_tokens, TokenCounter(v.tokenizer)),
+    ]
+    return Pipeline(stages, r.handled_paths, metrics)
+
+
+def max_message_bytes(config: Config) -> int:
+    """gRPC must accept the largest body we accept, plus headers and framing."""
+    return config.validation.max_body_bytes + 1_048_576
+
+
+async def run_gate(config: Config, port: int, metrics_port: int | None) -> None:
+    metrics = Metrics()
+    if metrics_port is not None:
+        metrics.serve(metrics_port, config.server.host)
+    pipeline = build_pipeline(config, metrics)
+    server, bound, health = await start_server(pipeline, config.server.host, port, max_message_bytes(config))
+    await mark_serving(health)
+    log.info("gate listening on %s:%d (metrics %s)", config.server.host, bound, metrics_port)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    await server.stop(config.server.grace_seconds)
+
+
+def run_process(config: Config, index: int) -> None:
+    """Run one gate process until SIGTERM; worker `index` listens on port + index."""
+    import uvloop
+
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s gate[{index}] %(levelname)s %(message)s")
+    metrics_port = config.server.metrics_port
+    uvloop.run(
+        run_gate(config, config.server.port + index, None if metrics_port is None else metrics_port + index)
+    )

@@ -1,0 +1,201 @@
+"""Envoy files for the gate: a standalone bootstrap and an include snippet.
+
+`envoy/envoy.yaml` and `envoy/ext_proc-include.yaml` are this module's output with the
+default ports (a test keeps them in sync); run `llm-gate envoy-config --help` for others.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+GATE_CLUSTER = "llm_gate"
+EXT_PROC = "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor"
+HCM = "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager"
+ROUTER = "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"
+HTTP_OPTIONS = "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
+BUFFER_LIMIT = 1_048_576  # matches validation.max_body_bytes
+
+
+def _endpoints(addresses: list[tuple[str, int]]) -> dict[str, Any]:
+    return {
+        "endpoints": [
+            {
+                "lb_endpoints": [
+                    {"endpoint": {"address": {"socket_address": {"address": h, "port_value": p}}}}
+                    for h, p in addresses
+                ]
+            }
+        ]
+    }
+
+
+def gate_cluster(gate: list[tuple[str, int]]) -> dict[str, Any]:
+    """The gate speaks gRPC: the cluster MUST be HTTP/2 (validate mode does not catch it)."""
+    return {
+        "name": GATE_CLUSTER,
+        "type": "STATIC",
+        "connect_timeout": "0.25s",
+        "lb_policy": "ROUND_ROBIN",
+        "typed_extension_protocol_options": {
+            "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+                "@type": HTTP_OPTIONS,
+                "explicit_http_config": {"http2_protocol_options": {}},
+            }
+        },
+        "load_assignment": {"cluster_name": GATE_CLUSTER, **_endpoints(gate)},
+    }
+
+
+def ext_proc_filter(failure_mode_allow: bool, message_timeout_s: float) -> dict[str, Any]:
+    return {
+        "name": "envoy.filters.http.ext_proc",
+        "typed_config": {
+            "@type": EXT_PROC,
+            "grpc_service": {"envoy_grpc": {"cluster_name": GATE_CLUSTER}},
+            # false: gate down → 500 at once (nothing bypasses the gate's checks);
+            # true: gate down → requests go upstream unchecked and unrouted by the gate.
+            "failure_mode_allow": failure_mode_allow,
+            # Envoy's default is 200 ms; it must exceed the longest queue wait.
+            "message_timeout": f"{message_timeout_s:g}s",
+            "max_message_timeout": f"{max(message_timeout_s, 60):g}s",
+            "allow_mode_override": True,
+            "processing_mode": {
+                "request_header_mode": "SEND",
+                "request_body_mode": "BUFFERED",
+                "response_header_mode": "SEND",
+                "response_body_mode": "NONE",
+                "request_trailer_mode": "SKIP",
+                "response_trailer_mode": "SKIP",
+            },
+        },
+    }
+
+
+def pool_cluster(name: str, addresses: list[tuple[str, int]]) -> dict[str, Any]:
+    return {
+        "name": name,
+        "type": "STATIC",
+        "connect_timeout": "1s",
+        "lb_policy": "LEAST_REQUEST",
+        "load_assignment": {"cluster_name": name, **_endpoints(addresses)},
+    }
+
+
+def routes(pools: list[str], default: str) -> list[dict[str, Any]]:
+    by_header = [
+        {
+            "match": {
+                "prefix": "/",
+                "headers": [{"name": "x-gate-cluster", "string_match": {"exact": pool}}],
+            },
+            "route": {"cluster": pool, "timeout": "300s"},
+        }
+        for pool in pools
+    ]
+    return [*by_header, {"match": {"prefix": "/"}, "route": {"cluster": default, "timeout": "300s"}}]
+
+
+def bootstrap(
+    *,
+    listen: tuple[str, int],
+    admin: tuple[str, int],
+    gate: list[tuple[str, int]],
+    pools: dict[str, list[tuple[str, int]]],
+    default_pool: str = "primary",
+    failure_mode_allow: bool = False,
+    message_timeout_s: float = 35.0,
+) -> dict[str, Any]:
+    hcm = {
+        "@type": HCM,
+        "stat_prefix": "llm_gate",
+        "codec_type": "AUTO",
+        "stream_idle_timeout": "300s",
+        "route_config": {
+            "name": "llm",
+            "virtual_hosts": [{"name": "llm", "domains": ["*"], "routes": routes(list(pools), default_pool)}],
+        },
+        "http_filters": [
+            ext_proc_filter(failure_mode_allow, message_timeout_s),
+            {"name": "envoy.filters.http.router", "typed_config": {"@type": ROUTER}},
+        ],
+    }
+    listener = {
+        "name": "llm",
+        "address": {"socket_address": {"address": listen[0], "port_value": listen[1]}},
+        "per_connection_buffer_limit_bytes": BUFFER_LIMIT,
+        "filter_chains": [{"filters": [{"name": "envoy.filters.network.http_connection_manager", "typed_config": hcm}]}],
+    }
+    clusters = [gate_cluster(gate)] + [pool_cluster(n, a) for n, a in pools.items()]
+    return {
+        "admin": {"address": {"socket_address": {"address": admin[0], "port_value": admin[1]}}},
+        "static_resources": {"listeners": [listener], "clusters": clusters},
+    }
+
+
+def include_snippet(gate: list[tuple[str, int]], failure_mode_allow: bool = False) -> dict[str, Any]:
+    """Paste `http_filters[0]` before your router filter and add `clusters[0]`."""
+    return {"http_filters": [ext_proc_filter(failure_mode_allow, 35.0)], "clusters": [gate_cluster(gate)]}
+
+
+def dump(doc: dict[str, Any], header: str = "") -> str:
+    return header + yaml.safe_dump(doc, sort_keys=False, default_flow_style=False)
+
+
+def _address(text: str) -> tuple[str, int]:
+    host, _, port = text.rpartition(":")
+    return (host or "127.0.0.1", int(port))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="llm-gate envoy-config", description=__doc__)
+    parser.add_argument("--listen", type=_address, default=("127.0.0.1", 10000))
+    parser.add_argument("--admin", type=_address, default=("127.0.0.1", 9901))
+    parser.add_argument("--gate", type=_address, action="append", help="gate endpoint; repeat per worker")
+    parser.add_argument(
+        "--pool", action="append", help="NAME=HOST:PORT[,HOST:PORT]; repeat per pool (default primary and fallback)"
+    )
+    parser.add_argument("--default-pool", default="primary")
+    parser.add_argument("--failure-mode-allow", action="store_true")
+    parser.add_argument("--message-timeout", type=float, default=35.0)
+    parser.add_argument("--include", action="store_true", help="write the include snippet instead")
+    parser.add_argument("--out", type=Path, help="file to write (default: stdout)")
+    args = parser.parse_args(argv)
+    gate = args.gate or [("127.0.0.1", 50051)]
+    pools: dict[str, list[tuple[str, int]]] = {}
+    for spec in args.pool or ["primary=127.0.0.1:8001", "fallback=127.0.0.1:8002"]:
+        name, _, addresses = spec.partition("=")
+        pools[name] = [_address(a) for a in addresses.split(",")]
+    if args.include:
+        text = dump(include_snippet(gate, args.failure_mode_allow), INCLUDE_HEADER)
+    else:
+        doc = bootstrap(
+            listen=args.listen, admin=args.admin, gate=gate, pools=pools,
+            default_pool=args.default_pool, failure_mode_allow=args.failure_mode_allow,
+            message_timeout_s=args.message_timeout,
+        )
+        text = dump(doc, BOOTSTRAP_HEADER)
+    if args.out:
+        args.out.write_text(text)
+    else:
+        print(text, end="")
+    return 0
+
+
+BOOTSTRAP_HEADER = """\
+# Envoy in front of vLLM pools, with LLM Gate as its ext_proc service.
+# Generated by `llm-gate envoy-config`; edit the flags, not this file.
+# Clients → 127.0.0.1:10000; gate gRPC on 127.0.0.1:50051; pools `primary` and `fallback`.
+# The gate sets `x-gate-cluster` and Envoy routes on it; requests the gate does not
+# handle go to the default pool.
+"""
+
+INCLUDE_HEADER = """\
+# LLM Gate for your own Envoy: put `http_filters[0]` before the router filter of your
+# HTTP connection manager, add `clusters[0]`, and route on the `x-gate-cluster` header
+# (one route per pool cluster). Keep per_connection_buffer_limit_bytes at or above the
+# gate's validation.max_body_bytes (1 MiB by default).
+"""

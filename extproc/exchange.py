@@ -1,0 +1,71 @@
+"""Plain data the pipeline works on: one HTTP exchange and the gate's answers.
+
+Nothing here knows about protobuf; `wire.py` translates at the edge.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+GATE_HEADER_PREFIX = "x-gate-"
+
+
+@dataclass(frozen=True)
+class Reply:
+    """An immediate response: the gate answers the client itself."""
+
+    status: int
+    body: bytes
+    headers: dict[str, str] = field(default_factory=dict)
+    decision: str = "reject"
+
+
+@dataclass
+class Exchange:
+    """One request as it travels through the pipeline.
+
+    Stages read `headers`/`payload` and write the `upstream_*` and `client_headers`
+    fields; the server turns those into header and body mutations.
+    """
+
+    method: str
+    path: str
+    headers: dict[str, str]
+    stripped: list[str] = field(default_factory=list)
+    request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    started: float = field(default_factory=time.perf_counter)
+    body: bytes = b""
+    payload: dict[str, Any] | None = None
+    tenant: str = "anonymous"
+    tier: str = "standard"  # the tenant's tier, from the API key map
+    priority: str = "standard"  # the class this request asked for, never above `tier`
+    user: str | None = None
+    key_id: str | None = None
+    pool: str | None = None
+    prompt_tokens: int = 0
+    upstream_headers: dict[str, str] = field(default_factory=dict)
+    upstream_body: bytes | None = None
+    client_headers: dict[str, str] = field(default_factory=dict)
+    decision: str = "forward"
+    status: int | None = None
+
+    @property
+    def route_path(self) -> str:
+        """The path without its query string."""
+        return self.path.split("?", 1)[0]
+
+
+def split_gate_headers(raw: dict[str, str]) -> tuple[dict[str, str], list[str]]:
+    """Drop every client-sent `x-gate-*` header; return the rest and the dropped names."""
+    kept: dict[str, str] = {}
+    dropped: list[str] = []
+    for name, value in raw.items():
+        lower = name.lower()
+        if lower.startswith(GATE_HEADER_PREFIX):
+            dropped.append(lower)
+        else:
+            kept[lower] = value
+    return kept, dropped

@@ -1,0 +1,187 @@
+"""The ext_proc stream loop: one gRPC stream per HTTP request.
+
+Protobuf arrives here, becomes an `Exchange`, runs through the pipeline, and leaves as
+protobuf again (via `wire`). Every request gets exactly one answer: an immediate reply
+or a chain of CONTINUE responses.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator
+
+import grpc
+from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1.health import aio as health_aio
+
+from .exchange import Exchange, Reply, split_gate_headers
+from .pipeline import Pipeline
+from .wire import Continue, continue_response, header_map, immediate_response
+
+log = logging.getLogger("llm_gate.server")
+
+REQUEST_ID_HEADER = "x-gate-request-id"
+
+
+class Session:
+    """The state of one stream: what we know of the request so far."""
+
+    def __init__(self, pipeline: Pipeline) -> None:
+        self.pipeline = pipeline
+        self.ex: Exchange | None = None
+        self.body = bytearray()
+        self.busy = 0.0
+        self.answered = False
+
+    async def handle(self, request: pb.ProcessingRequest) -> pb.ProcessingResponse | None:
+        started = time.perf_counter()
+        try:
+            phase = request.WhichOneof("request")
+            if phase == "request_headers":
+                return await self._request_headers(request.request_headers)
+            if phase == "request_body":
+                return await self._request_body(request.request_body)
+            if phase == "response_headers":
+                return await self._response_headers(request.response_headers)
+            if phase is not None:
+                return continue_response(phase, Continue())
+            return None
+        finally:
+            self.busy += time.perf_counter() - started
+
+    async def _request_headers(self, message: pb.HttpHeaders) -> pb.ProcessingResponse:
+        raw = header_map(message)
+        headers, stripped = split_gate_headers(raw)
+        ex = self.ex = Exchange(
+            method=headers.get(":method", "GET"),
+            path=headers.get(":path", "/"),
+            headers=headers,
+            stripped=stripped,
+        )
+        if not self.pipeline.handles(ex.path):
+            ex.decision = "passthrough"
+            return continue_response(
+                "request_headers",
+                Continue(remove_headers=stripped, clear_route=bool(stripped), passthrough=True),
+            )
+        reply = await self.pipeline.on_headers(ex)
+        if reply is None and message.end_of_stream:
+            reply = await self.pipeline.on_request(ex)
+        if reply is not None:
+            return await self._answer(reply)
+        return continue_response(
+            "request_headers", Continue(remove_headers=stripped, clear_route=bool(stripped))
+        )
+
+    async def _request_body(self, message: pb.HttpBody) -> pb.ProcessingResponse:
+        ex = self._exchange()
+        self.body += message.body
+        if not message.end_of_stream:
+            return continue_response("request_body", Continue())
+        ex.body = bytes(self.body)
+        reply = await self.pipeline.on_request(ex)
+        if reply is not None:
+            return await self._answer(reply)
+        return continue_response(
+            "request_body",
+            Continue(set_headers=ex.upstream_headers, body=ex.upstream_body, clear_route=True),
+        )
+
+    async def _response_headers(self, message: pb.HttpHeaders) -> pb.ProcessingResponse:
+        ex = self._exchange()
+        headers = header_map(message)
+        status = int(headers.get(":status", "0") or 0)
+        ex.status = status
+        await self.pipeline.on_response(ex, status, headers)
+        self.answered = True
+        out = dict(ex.client_headers)
+        out[REQUEST_ID_HEADER] = ex.request_id
+        return continue_response("response_headers", Continue(set_headers=out))
+
+    async def _answer(self, reply: Reply) -> pb.ProcessingResponse:
+        ex = self._exchange()
+        ex.decision, ex.status = reply.decision, reply.status
+        headers = {**reply.headers, **ex.client_headers, REQUEST_ID_HEADER: ex.request_id}
+        await self.pipeline.on_response(ex, reply.status, headers)
+        self.answered = True
+        return immediate_response(Reply(reply.status, reply.body, headers, reply.decision))
+
+    def _exchange(self) -> Exchange:
+        if self.ex is None:
+            raise ProtocolError("a body or response arrived before the request headers")
+        return self.ex
+
+    async def close(self) -> None:
+        ex = self.ex
+        if ex is None:
+            return
+        metrics = self.pipeline.metrics
+        if ex.decision != "passthrough":
+            metrics.added_latency.observe(self.busy)
+            status = str(ex.status) if ex.status is not None else "none"
+            metrics.requests.labels(ex.route_path, ex.decision, status).inc()
+            await self.pipeline.on_done(ex)
+
+
+class ProtocolError(Exception):
+    pass
+
+
+class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
+    def __init__(self, pipeline: Pipeline) -> None:
+        self.pipeline = pipeline
+
+    async def Process(  # noqa: N802 - the gRPC method name
+        self, request_iterator: AsyncIterator[pb.ProcessingRequest], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.ProcessingResponse]:
+        session = Session(self.pipeline)
+        metrics = self.pipeline.metrics
+        metrics.streams_active.inc()
+        try:
+            async for request in request_iterator:
+                response = await session.handle(request)
+                if response is not None:
+                    yield response
+        except asyncio.CancelledError:
+            metrics.stream_errors.labels("cancelled").inc()
+            raise
+        except ProtocolError as exc:
+            metrics.stream_errors.labels("protocol").inc()
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+        finally:
+            metrics.streams_active.dec()
+            await session.close()
+
+
+async def start_server(
+    pipeline: Pipeline, host: str, port: int, max_message_bytes: int
+) -> tuple[grpc.aio.Server, int, health_aio.HealthServicer]:
+    """Start the gRPC server; returns it, the bound port and the health servicer (NOT_SERVING)."""
+    options = [
+        ("grpc.max_receive_message_length", max_message_bytes),
+        ("grpc.max_send_message_length", max_message_bytes),
+        ("grpc.so_reuseport", 0),
+    ]
+    server = grpc.aio.server(options=options)
+    pb_grpc.add_ExternalProcessorServicer_to_server(ExternalProcessor(pipeline), server)
+    health_servicer = health_aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    bound = server.add_insecure_port(f"{host}:{port}")
+    if bound == 0:
+        raise OSError(f"cannot listen on {host}:{port}")
+    await server.start()
+    await _set_health(health_servicer, health_pb2.HealthCheckResponse.NOT_SERVING)
+    return server, bound, health_servicer
+
+
+async def _set_health(servicer: health_aio.HealthServicer, status: int) -> None:
+    for service in ("", "envoy.service.ext_proc.v3.ExternalProcessor"):
+        await servicer.set(service, status)
+
+
+async def mark_serving(servicer: health_aio.HealthServicer) -> None:
+    await _set_health(servicer, health_pb2.HealthCheckResponse.SERVING)

@@ -1,0 +1,67 @@
+"""Who is calling: API key → tenant and tier; anonymous callers get the default."""
+
+from __future__ import annotations
+
+import hashlib
+
+from ..config import TIERS, Caller
+from ..config import Identity as IdentityConfig
+from ..errors import error_reply
+from ..exchange import Exchange, Reply
+from .base import Stage
+
+
+def api_key(headers: dict[str, str]) -> str | None:
+    auth = headers.get("authorization", "")
+    if auth[:7].lower() == "bearer ":
+        return auth[7:].strip() or None
+    return headers.get("x-api-key") or None
+
+
+def key_id(key: str) -> str:
+    """What logs and metrics may show of a key: never the key itself."""
+    return hashlib.sha256(key.encode()).hexdigest()[:12]
+
+
+def lower_tier(tier: str, requested: str | None) -> str:
+    """`x-priority` may lower the caller's tier, never raise it."""
+    if requested not in TIERS or requested is None:
+        return tier
+    return requested if TIERS.index(requested) > TIERS.index(tier) else tier
+
+
+def resolve(config: IdentityConfig, headers: dict[str, str]) -> Caller | None:
+    """The caller for these headers, or None for an unknown key that must be rejected."""
+    if config.trust_identity_headers and headers.get(config.tenant_header):
+        tier = headers.get(config.tier_header, "standard")
+        return Caller(tenant=headers[config.tenant_header], tier=tier if tier in TIERS else "standard")
+    key = api_key(headers)
+    if key is None:
+        return config.anonymous
+    caller = config.api_keys.get(key)
+    if caller is None and config.unknown_keys == "reject":
+        return None
+    return caller or config.anonymous
+
+
+class Identity(Stage):
+    name = "identity"
+
+    def __init__(self, config: IdentityConfig) -> None:
+        self.config = config
+
+    async def on_headers(self, ex: Exchange) -> Reply | None:
+        caller = resolve(self.config, ex.headers)
+        if caller is None:
+            return error_reply(
+                401,
+                "Incorrect API key provided. Check the key or ask the gate's operator for one.",
+                code="invalid_api_key",
+            )
+        key = api_key(ex.headers)
+        ex.key_id = key_id(key) if key else None
+        ex.tenant = caller.tenant
+        ex.tier = caller.tier
+        ex.priority = lower_tier(caller.tier, ex.headers.get("x-priority"))
+        ex.user = caller.user or ex.headers.get("x-user-id") or ex.key_id
+        return None

@@ -1,0 +1,38 @@
+"""422 when the prompt has more tokens than the chosen pool accepts."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from ..config import Routing
+from ..errors import error_reply
+from ..exchange import Exchange, Reply
+from .base import Stage
+from .validate import prompt_texts, token_array_count
+
+
+class Counter(Protocol):
+    def count(self, texts: list[str]) -> int: ...
+
+
+class PromptLimit(Stage):
+    name = "prompt_limit"
+
+    def __init__(self, routing: Routing, default_limit: int, counter: Counter) -> None:
+        self.routing = routing
+        self.default_limit = default_limit
+        self.counter = counter
+
+    async def on_request(self, ex: Exchange) -> Reply | None:
+        assert ex.payload is not None and ex.pool is not None
+        ex.prompt_tokens = self.counter.count(prompt_texts(ex.payload)) + token_array_count(ex.payload)
+        limit = self.routing.pools[ex.pool].max_prompt_tokens or self.default_limit
+        if ex.prompt_tokens <= limit:
+            return None
+        return error_reply(
+            422,
+            f"This prompt has about {ex.prompt_tokens} tokens; the limit for pool '{ex.pool}' "
+            f"is {limit}. Shorten the messages or split the request.",
+            param="messages" if "messages" in ex.payload else "prompt",
+            code="context_length_exceeded",
+        )

