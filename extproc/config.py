@@ -72,9 +72,7 @@ class Routing(Strict):
             "fallback": Pool(cluster="fallback", served_model="phi-3-mini"),
         }
     )
-    models: dict[str, str] = Field(
-        default_factory=lambda: {"phi-3-mini": "fallback", "phi-3": "fallback"}
-    )
+    models: dict[str, str] = Field(default_factory=lambda: {"phi-3-mini": "fallback", "phi-3": "fallback"})
     default_pool: str | None = "primary"
     rules: list[Rule] = Field(default_factory=list)
     scene_header: str = "x-business-scene"
@@ -99,8 +97,16 @@ class Server(Strict):
     grace_seconds: float = Field(default=5.0, ge=0)
 
 
+class Store(Strict):
+    # None: the in-process store (one process only). "redis://127.0.0.1:6379/0" to share.
+    redis_url: str | None = None
+    # Every store call is time-boxed; past this the request goes on without the store.
+    op_timeout_ms: float = Field(default=5.0, gt=0)
+
+
 class Config(Strict):
     server: Server = Server()
+    store: Store = Store()
     identity: Identity = Identity()
     validation: Validation = Validation()
     routing: Routing = Routing()

@@ -127,7 +127,9 @@ def bootstrap(
         "name": "llm",
         "address": {"socket_address": {"address": listen[0], "port_value": listen[1]}},
         "per_connection_buffer_limit_bytes": BUFFER_LIMIT,
-        "filter_chains": [{"filters": [{"name": "envoy.filters.network.http_connection_manager", "typed_config": hcm}]}],
+        "filter_chains": [
+            {"filters": [{"name": "envoy.filters.network.http_connection_manager", "typed_config": hcm}]}
+        ],
     }
     clusters = [gate_cluster(gate)] + [pool_cluster(n, a) for n, a in pools.items()]
     return {
@@ -156,7 +158,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--admin", type=_address, default=("127.0.0.1", 9901))
     parser.add_argument("--gate", type=_address, action="append", help="gate endpoint; repeat per worker")
     parser.add_argument(
-        "--pool", action="append", help="NAME=HOST:PORT[,HOST:PORT]; repeat per pool (default primary and fallback)"
+        "--pool",
+        action="append",
+        help="NAME=HOST:PORT[,HOST:PORT]; repeat per pool (default primary and fallback)",
     )
     parser.add_argument("--default-pool", default="primary")
     parser.add_argument("--failure-mode-allow", action="store_true")
@@ -173,8 +177,12 @@ def main(argv: list[str] | None = None) -> int:
         text = dump(include_snippet(gate, args.failure_mode_allow), INCLUDE_HEADER)
     else:
         doc = bootstrap(
-            listen=args.listen, admin=args.admin, gate=gate, pools=pools,
-            default_pool=args.default_pool, failure_mode_allow=args.failure_mode_allow,
+            listen=args.listen,
+            admin=args.admin,
+            gate=gate,
+            pools=pools,
+            default_pool=args.default_pool,
+            failure_mode_allow=args.failure_mode_allow,
             message_timeout_s=args.message_timeout,
         )
         text = dump(doc, BOOTSTRAP_HEADER)

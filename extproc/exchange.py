@@ -49,6 +49,8 @@ class Exchange:
     upstream_headers: dict[str, str] = field(default_factory=dict)
     upstream_body: bytes | None = None
     client_headers: dict[str, str] = field(default_factory=dict)
+    upstream_started: float | None = None  # when the request went on to the pool
+    capture_body: bool = False
     decision: str = "forward"
     status: int | None = None
 

@@ -38,5 +38,12 @@ class Metrics:
             registry=r,
         )
 
+        self.store_errors = Counter(
+            "gate_store_errors",
+            "Store calls that failed or timed out (the request went on).",
+            ["op", "error"],
+            registry=r,
+        )
+
     def serve(self, port: int, host: str = "127.0.0.1") -> None:
         start_http_server(port, addr=host, registry=self.registry)

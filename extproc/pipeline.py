@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import logging
 import time
 
 from .exchange import Exchange, Reply
 from .metrics import Metrics
 from .stages.base import Stage
+
+log = logging.getLogger("llm_gate.pipeline")
 
 
 class Pipeline:
@@ -40,9 +43,17 @@ class Pipeline:
         for stage in reversed(self.stages):
             await stage.on_response(ex, status, headers)
 
-    async def on_done(self, ex: Exchange) -> None:
+    async def on_response_body(self, ex: Exchange, chunk: bytes, end: bool) -> None:
         for stage in reversed(self.stages):
-            await stage.on_done(ex)
+            await stage.on_response_body(ex, chunk, end)
+
+    async def on_done(self, ex: Exchange) -> None:
+        """Every stage gets its `on_done`, even when an earlier one fails."""
+        for stage in reversed(self.stages):
+            try:
+                await stage.on_done(ex)
+            except Exception:
+                log.exception("stage %s failed to clean up", stage.name)
 
     def _observe(self, stage: Stage, hook: str, started: float) -> None:
         self.metrics.stage_seconds.labels(stage.name, hook).observe(time.perf_counter() - started)

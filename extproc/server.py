@@ -47,6 +47,10 @@ class Session:
                 return await self._request_body(request.request_body)
             if phase == "response_headers":
                 return await self._response_headers(request.response_headers)
+            if phase == "response_body":
+                body = request.response_body
+                await self.pipeline.on_response_body(self._exchange(), body.body, body.end_of_stream)
+                return continue_response(phase, Continue())
             if phase is not None:
                 return continue_response(phase, Continue())
             return None
@@ -86,6 +90,7 @@ class Session:
         reply = await self.pipeline.on_request(ex)
         if reply is not None:
             return await self._answer(reply)
+        ex.upstream_started = time.perf_counter()
         return continue_response(
             "request_body",
             Continue(set_headers=ex.upstream_headers, body=ex.upstream_body, clear_route=True),
@@ -100,7 +105,7 @@ class Session:
         self.answered = True
         out = dict(ex.client_headers)
         out[REQUEST_ID_HEADER] = ex.request_id
-        return continue_response("response_headers", Continue(set_headers=out))
+        return continue_response("response_headers", Continue(set_headers=out, capture_body=ex.capture_body))
 
     async def _answer(self, reply: Reply) -> pb.ProcessingResponse:
         ex = self._exchange()

@@ -23,6 +23,16 @@ PASSTHROUGH = Mode(
     response_trailer_mode=Mode.SKIP,
 )
 
+# After the response headers: stream the response body to the gate, chunk by chunk.
+CAPTURE_BODY = Mode(
+    request_header_mode=Mode.SEND,
+    request_body_mode=Mode.BUFFERED,
+    response_header_mode=Mode.SEND,
+    response_body_mode=Mode.STREAMED,
+    request_trailer_mode=Mode.SKIP,
+    response_trailer_mode=Mode.SKIP,
+)
+
 
 @dataclass
 class Continue:
@@ -33,6 +43,7 @@ class Continue:
     body: bytes | None = None
     clear_route: bool = False
     passthrough: bool = False
+    capture_body: bool = False
 
 
 def header_map(message: pb.HttpHeaders) -> dict[str, str]:
@@ -73,6 +84,8 @@ def continue_response(phase: str, cont: Continue) -> pb.ProcessingResponse:
         response = pb.ProcessingResponse(**{phase: pb.BodyResponse(response=common)})
     if cont.passthrough:
         response.mode_override.CopyFrom(PASSTHROUGH)
+    elif cont.capture_body:
+        response.mode_override.CopyFrom(CAPTURE_BODY)
     return response
 
 

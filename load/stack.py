@@ -80,7 +80,8 @@ class Stack:
         default_factory=lambda: {"primary": ["llama-3-8b"], "fallback": ["phi-3-mini"]}
     )
     sim_args: list[str] = field(default_factory=list)
-    quiet: bool = True
+    # True: the caller runs the gate itself on `gate_ports` (in-process tests).
+    external_gate: bool = False
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     pool_ports: dict[str, int] = field(default_factory=dict)
     gate_ports: list[int] = field(default_factory=list)
@@ -104,7 +105,8 @@ class Stack:
     def start(self) -> Stack:
         try:
             self._start_sims()
-            self.start_gate()
+            if not self.external_gate:
+                self.start_gate()
             self._start_envoy()
         except BaseException:
             self.close()

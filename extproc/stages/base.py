@@ -17,7 +17,14 @@ class Stage:
         return None
 
     async def on_response(self, ex: Exchange, status: int, headers: dict[str, str]) -> None:
-        """Upstream response headers arrived (or the gate answered itself)."""
+        """Upstream response headers arrived (or the gate answered itself).
+
+        Set `ex.capture_body = True` here to see the response body chunk by chunk.
+        """
+        return None
+
+    async def on_response_body(self, ex: Exchange, chunk: bytes, end: bool) -> None:
+        """A chunk of the upstream response body (only when some stage asked for it)."""
         return None
 
     async def on_done(self, ex: Exchange) -> None:
