@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     for name, target, text in (
         ("sim", "load.vllm_sim", "run the vLLM simulator"),
         ("envoy-config", "extproc.envoy_config", "write an Envoy bootstrap for the gate"),
-        ("demo", "extproc.demo", "run the whole stack on loopback and show what it does"),
+        ("demo", "load.demo", "run the whole stack on loopback and show what it does"),
     ):
         p = sub.add_parser(name, help=text, add_help=False)
         p.set_defaults(func=None, target=target)

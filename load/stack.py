@@ -82,6 +82,9 @@ class Stack:
     sim_args: list[str] = field(default_factory=list)
     # True: the caller runs the gate itself on `gate_ports` (in-process tests).
     external_gate: bool = False
+    # Start a redis-server of our own and point the gate's store at it.
+    with_redis: bool = False
+    redis_port: int = 0
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     pool_ports: dict[str, int] = field(default_factory=dict)
     gate_ports: list[int] = field(default_factory=list)
@@ -104,6 +107,8 @@ class Stack:
 
     def start(self) -> Stack:
         try:
+            if self.with_redis:
+                self.start_redis()
             self._start_sims()
             if not self.external_gate:
                 self.start_gate()
@@ -115,13 +120,27 @@ class Stack:
 
     def _start_sims(self) -> None:
         for pool, models in self.pool_models.items():
-            port = self.pool_ports[pool] = free_port()
+            port = self.pool_ports.setdefault(pool, free_port())
             args = [sys.executable, "-m", "load.vllm_sim", "--port", str(port), "--name", pool]
             for model in models:
                 args += ["--model", model]
             self._spawn(f"sim-{pool}", args + self.sim_args)
         for pool, port in self.pool_ports.items():
             wait_port(port, 20, self.procs[f"sim-{pool}"])
+
+    @property
+    def redis_url(self) -> str:
+        return f"redis://{LOOPBACK}:{self.redis_port}/0"
+
+    def start_redis(self) -> None:
+        self.redis_port = self.redis_port or free_port()
+        args = ["redis-server", "--port", str(self.redis_port), "--bind", LOOPBACK, "--save", "",
+                "--appendonly", "no", "--dir", str(self.workdir)]
+        wait_port(self.redis_port, 10, self._spawn("redis", args))
+        self.gate_config = _merge({"store": {"redis_url": self.redis_url}}, self.gate_config)
+
+    def stop_redis(self) -> None:
+        self._stop("redis")
 
     def write_gate_config(self) -> Path:
         if not self.gate_ports:

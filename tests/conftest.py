@@ -6,12 +6,17 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 from extproc.config import Config
 from extproc.metrics import Metrics
 from extproc.pipeline import Pipeline
 from extproc.server import start_server
 from load.stack import free_port
+
+# The machines are shared and noisy: a slow example is not a failure.
+settings.register_profile("gate", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("gate")
 
 REPO = Path(__file__).resolve().parent.parent
 PARAPHRASE_DATA = REPO.parent / "shared" / "data" / "paraphrase"

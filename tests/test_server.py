@@ -1,0 +1,117 @@
+"""The stream loop over real gRPC, in process: what Envoy would receive for each message."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import grpc
+import orjson
+import pytest
+from envoy.config.core.v3 import base_pb2
+from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from extproc.app import build_pipeline
+from extproc.config import Config
+from extproc.metrics import Metrics
+from extproc.server import mark_serving, start_server
+from extproc.wire import Mode
+
+
+def headers(values: dict[str, str], end: bool = False) -> pb.ProcessingRequest:
+    hv = [base_pb2.HeaderValue(key=k, raw_value=v.encode()) for k, v in values.items()]
+    return pb.ProcessingRequest(
+        request_headers=pb.HttpHeaders(headers=base_pb2.HeaderMap(headers=hv), end_of_stream=end)
+    )
+
+
+def body(data: bytes) -> pb.ProcessingRequest:
+    return pb.ProcessingRequest(request_body=pb.HttpBody(body=data, end_of_stream=True))
+
+
+def response_headers(status: int) -> pb.ProcessingRequest:
+    hv = [base_pb2.HeaderValue(key=":status", raw_value=str(status).encode())]
+    return pb.ProcessingRequest(response_headers=pb.HttpHeaders(headers=base_pb2.HeaderMap(headers=hv)))
+
+
+POST = {":method": "POST", ":path": "/v1/chat/completions", "content-type": "application/json"}
+GOOD = orjson.dumps({"model": "phi-3", "messages": [{"role": "user", "content": "hi"}]})
+
+
+@pytest.fixture
+async def stub() -> AsyncIterator[pb_grpc.ExternalProcessorStub]:
+    metrics = Metrics()
+    server, port, health = await start_server(build_pipeline(Config(), metrics), "127.0.0.1", 0, 2 << 20)
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        check = health_pb2_grpc.HealthStub(channel)
+        status = await check.Check(health_pb2.HealthCheckRequest(service=""))
+        assert status.status == health_pb2.HealthCheckResponse.NOT_SERVING
+        await mark_serving(health)
+        status = await check.Check(health_pb2.HealthCheckRequest(service=""))
+        assert status.status == health_pb2.HealthCheckResponse.SERVING
+        yield pb_grpc.ExternalProcessorStub(channel)
+    await server.stop(0)
+
+
+async def exchange(stub: pb_grpc.ExternalProcessorStub, *messages: pb.ProcessingRequest) -> list[pb.ProcessingResponse]:
+    call = stub.Process()
+    out = []
+    for message in messages:
+        await call.write(message)
+        out.append(await call.read())
+    await call.done_writing()
+    return out
+
+
+def set_headers(mutation: pb.HeaderMutation) -> dict[str, str]:
+    return {h.header.key: h.header.raw_value.decode() for h in mutation.set_headers}
+
+
+async def test_valid_request_is_routed_rewritten_and_tagged(stub: pb_grpc.ExternalProcessorStub) -> None:
+    first, second, third = await exchange(
+        stub, headers({**POST, "x-gate-cluster": "primary"}), body(GOOD), response_headers(200)
+    )
+    common = first.request_headers.response
+    assert list(common.header_mutation.remove_headers) == ["x-gate-cluster"]
+    assert common.clear_route_cache
+    common = second.request_body.response
+    assert common.clear_route_cache
+    sent = set_headers(common.header_mutation)
+    rewritten = common.body_mutation.body
+    assert sent["x-gate-cluster"] == "fallback"
+    assert orjson.loads(rewritten)["model"] == "phi-3-mini"
+    assert sent["content-length"] == str(len(rewritten))
+    back = set_headers(third.response_headers.response.header_mutation)
+    assert back["x-gate-cluster"] == "fallback"
+    assert len(back["x-gate-request-id"]) == 32
+
+
+async def test_bad_json_is_an_immediate_openai_error(stub: pb_grpc.ExternalProcessorStub) -> None:
+    _, reply = await exchange(stub, headers(POST), body(b"{nope"))
+    immediate = reply.immediate_response
+    assert immediate.status.code == 400
+    assert set_headers(immediate.headers)["content-type"] == "application/json"
+    assert orjson.loads(immediate.body)["error"]["type"] == "invalid_request_error"
+
+
+async def test_headers_only_post_gets_400_at_once(stub: pb_grpc.ExternalProcessorStub) -> None:
+    (reply,) = await exchange(stub, headers(POST, end=True))
+    assert reply.immediate_response.status.code == 400
+    assert b"empty" in reply.immediate_response.body
+
+
+async def test_unhandled_path_passes_through_with_mode_override(stub: pb_grpc.ExternalProcessorStub) -> None:
+    (reply,) = await exchange(stub, headers({":method": "GET", ":path": "/v1/models", "x-gate-x": "1"}))
+    assert reply.HasField("mode_override")
+    mode = reply.mode_override
+    assert (mode.request_body_mode, mode.response_header_mode) == (Mode.NONE, Mode.SKIP)
+    assert list(reply.request_headers.response.header_mutation.remove_headers) == ["x-gate-x"]
+
+
+async def test_body_before_headers_is_a_protocol_error(stub: pb_grpc.ExternalProcessorStub) -> None:
+    call = stub.Process()
+    await call.write(body(GOOD))
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await call.read()
+    assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
