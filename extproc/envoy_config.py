@@ -119,7 +119,7 @@ def bootstrap(
             "virtual_hosts": [{"name": "llm", "domains": ["*"], "routes": routes(list(pools), default_pool)}],
         },
         "http_filters": [
-            ext_proc_filter(failure_mode_allow, message_timeout_s),
+            *([ext_proc_filter(failure_mode_allow, message_timeout_s)] if gate else []),
             {"name": "envoy.filters.http.router", "typed_config": {"@type": ROUTER}},
         ],
     }
@@ -131,7 +131,8 @@ def bootstrap(
             {"filters": [{"name": "envoy.filters.network.http_connection_manager", "typed_config": hcm}]}
         ],
     }
-    clusters = [gate_cluster(gate)] + [pool_cluster(n, a) for n, a in pools.items()]
+    clusters = [gate_cluster(gate)] if gate else []
+    clusters += [pool_cluster(n, a) for n, a in pools.items()]
     return {
         "admin": {"address": {"socket_address": {"address": admin[0], "port_value": admin[1]}}},
         "static_resources": {"listeners": [listener], "clusters": clusters},

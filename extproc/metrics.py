@@ -30,6 +30,12 @@ class Metrics:
             buckets=FAST_BUCKETS,
             registry=r,
         )
+        self.stage_errors = Counter(
+            "gate_stage_errors",
+            "Stage hooks that raised; the stage was skipped for that request.",
+            ["stage", "hook"],
+            registry=r,
+        )
         self.streams_active = Gauge("gate_streams_active", "Open ext_proc streams.", registry=r)
         self.stream_errors = Counter(
             "gate_stream_errors",
@@ -42,6 +48,94 @@ class Metrics:
             "gate_store_errors",
             "Store calls that failed or timed out (the request went on).",
             ["op", "error"],
+            registry=r,
+        )
+
+        self.ratelimit_decisions = Counter(
+            "gate_ratelimit_decisions",
+            "Rate-limit decisions: result (allowed, limited, blocked, skipped), the limit that decided, tier.",
+            ["result", "limit", "tier"],
+            registry=r,
+        )
+        self.ratelimit_blocks = Counter(
+            "gate_ratelimit_blocks",
+            "Callers blocked for repeating one prompt (each new block once).",
+            ["tier"],
+            registry=r,
+        )
+
+        self.breaker_state = Gauge(
+            "gate_breaker_state",
+            "Latency breaker state per pool as this process routes: 0 closed, 1 half-open, 2 open.",
+            ["pool"],
+            registry=r,
+        )
+        self.breaker_transitions = Counter(
+            "gate_breaker_transitions",
+            "Breaker transitions this process decided or adopted.",
+            ["pool", "from_state", "to_state"],
+            registry=r,
+        )
+        self.breaker_p95 = Gauge(
+            "gate_breaker_p95_seconds",
+            "Upstream P95 latency in the breaker window (merged over gate processes), per pool.",
+            ["pool"],
+            registry=r,
+        )
+        self.breaker_error_rate = Gauge(
+            "gate_breaker_error_rate",
+            "Share of upstream calls that failed (5xx, reset) in the breaker window, per pool.",
+            ["pool"],
+            registry=r,
+        )
+        self.breaker_reroutes = Counter(
+            "gate_breaker_reroutes",
+            "Requests sent to a fallback pool because the chosen pool's breaker was open.",
+            ["pool", "fallback"],
+            registry=r,
+        )
+        self.breaker_webhooks = Counter(
+            "gate_breaker_webhooks",
+            "Breaker webhook notices by result (delivered, failed, dropped).",
+            ["result"],
+            registry=r,
+        )
+
+        self.cache_requests = Counter(
+            "gate_cache_requests",
+            "Cache outcome per request: hit, coalesced, miss, bypass (rules), skipped (store failed).",
+            ["result"],
+            registry=r,
+        )
+        self.cache_hits = Counter(
+            "gate_cache_hits",
+            "Answers served from the cache by match kind (exact, near, semantic).",
+            ["kind"],
+            registry=r,
+        )
+        self.cache_similarity = Histogram(
+            "gate_cache_similarity",
+            "Cosine similarity of semantic hits.",
+            buckets=(0.8, 0.85, 0.9, 0.92, 0.94, 0.96, 0.98, 0.99, 1.0),
+            registry=r,
+        )
+        self.cache_stores = Counter(
+            "gate_cache_stores",
+            "Answers offered to the cache by outcome (stored, uncacheable, failed).",
+            ["outcome"],
+            registry=r,
+        )
+        self.cache_coalesce_wait = Histogram(
+            "gate_cache_coalesce_wait_seconds",
+            "How long followers waited for their leader, by how the wait ended.",
+            ["outcome"],
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0),
+            registry=r,
+        )
+        self.cache_semantic_skips = Counter(
+            "gate_cache_semantic_skips",
+            "Requests that took the exact path only, by reason (unreadable, language_off, embed_error).",
+            ["reason"],
             registry=r,
         )
 

@@ -49,8 +49,12 @@ SCRIPT = [
     Step("streamed chat (SSE)", json=chat("Tell me a story", stream=True), headers=VIP),
     Step("model phi-3 → fallback pool", json=chat("Summarise this", model="phi-3")),
     Step("spoofed x-gate-cluster", json=chat("Route me"), headers={"x-gate-cluster": "fallback"}),
-    Step("completions with scene", path="/v1/completions", json={"model": "llama-3-8b", "prompt": "Hi"},
-         headers={"x-business-scene": "support"}),
+    Step(
+        "completions with scene",
+        path="/v1/completions",
+        json={"model": "llama-3-8b", "prompt": "Hi"},
+        headers={"x-business-scene": "support"},
+    ),
     Step("passthrough GET /v1/models", path="/v1/models", method="GET"),
     Step("wrong content type", content=b"{}", headers={"content-type": "text/plain"}),
     Step("broken JSON", content=b'{"model": ', headers={"content-type": "application/json"}),
@@ -70,7 +74,13 @@ def run_step(client: httpx.Client, step: Step) -> list[str]:
         r = client.post(step.path, json=step.json, content=step.content, headers=step.headers)
         text = r.text
     ms = (time.perf_counter() - started) * 1000
-    return [step.title, str(r.status_code), r.headers.get("x-gate-cluster", "-"), f"{ms:.0f}", summarise(text)]
+    return [
+        step.title,
+        str(r.status_code),
+        r.headers.get("x-gate-cluster", "-"),
+        f"{ms:.0f}",
+        summarise(text),
+    ]
 
 
 def summarise(text: str) -> str:
@@ -104,10 +114,15 @@ def print_table(rows: list[list[str]]) -> None:
 
 def keep_running(stack: Stack) -> None:
     print(f"\nThe stack runs on loopback. Envoy: {stack.url}   (Ctrl-C stops everything)\n")
-    print(f"  curl -s {stack.url}{CHAT} -H 'content-type: application/json' -H 'authorization: Bearer sk-demo-vip' \\")
-    print("       -d '{\"model\":\"llama-3-8b\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}' -i")
-    print(f"  gate metrics: http://127.0.0.1:{stack.metrics_ports[0]}/metrics   "
-          f"simulators: {stack.sim_url('primary')}/admin/state {stack.sim_url('fallback')}/admin/state")
+    print(
+        f"  curl -s {stack.url}{CHAT} -H 'content-type: application/json' \\\n"
+        "       -H 'authorization: Bearer sk-demo-vip' \\"
+    )
+    print('       -d \'{"model":"llama-3-8b","messages":[{"role":"user","content":"hi"}]}\' -i')
+    print(
+        f"  gate metrics: http://127.0.0.1:{stack.metrics_ports[0]}/metrics   "
+        f"simulators: {stack.sim_url('primary')}/admin/state {stack.sim_url('fallback')}/admin/state"
+    )
     print(f"  logs: {stack.workdir}")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     try:

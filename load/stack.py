@@ -98,7 +98,7 @@ class Stack:
         return f"http://{LOOPBACK}:{self.pool_ports[pool]}"
 
     def _spawn(self, name: str, args: list[str]) -> subprocess.Popen[bytes]:
-        log = open(self.workdir / f"{name}.log", "wb")  # noqa: SIM115 - closed with the process
+        log = open(self.workdir / f"{name}.log", "wb")  # the child keeps it open
         proc = subprocess.Popen(
             args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=self.workdir
         )
@@ -134,8 +134,19 @@ class Stack:
 
     def start_redis(self) -> None:
         self.redis_port = self.redis_port or free_port()
-        args = ["redis-server", "--port", str(self.redis_port), "--bind", LOOPBACK, "--save", "",
-                "--appendonly", "no", "--dir", str(self.workdir)]
+        args = [
+            "redis-server",
+            "--port",
+            str(self.redis_port),
+            "--bind",
+            LOOPBACK,
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            str(self.workdir),
+        ]
         wait_port(self.redis_port, 10, self._spawn("redis", args))
         self.gate_config = _merge({"store": {"redis_url": self.redis_url}}, self.gate_config)
 
@@ -184,8 +195,17 @@ class Stack:
         )
         path = self.workdir / "envoy.yaml"
         path.write_text(envoy_config.dump(doc))
-        args = [envoy_binary(), "-c", str(path), "--use-dynamic-base-id", "--concurrency", "2",
-                "--log-level", "warn", "--disable-hot-restart"]
+        args = [
+            envoy_binary(),
+            "-c",
+            str(path),
+            "--use-dynamic-base-id",
+            "--concurrency",
+            "2",
+            "--log-level",
+            "warn",
+            "--disable-hot-restart",
+        ]
         proc = self._spawn("envoy", args)
         wait_port(self.envoy_port, 30, proc)
         wait_http(f"http://{LOOPBACK}:{self.admin_port}/ready", 30)
