@@ -43,7 +43,7 @@ def test_check_config_reports_bad_yaml_and_missing_files(tmp_path: Path) -> None
 
 @pytest.mark.parametrize(
     ("path", "args"),
-    [("envoy/envoy.yaml", []), ("envoy/ext_proc-include.yaml", ["--include"])],
+    [("envoy/envoy.yaml", []), ("envoy/ext_proc-include.yaml", ["--include"]), ("istio/envoyfilter.yaml", ["--istio"])],
 )
 def test_shipped_envoy_files_are_what_the_generator_writes(path: str, args: list[str], tmp_path: Path) -> None:
     out = tmp_path / "out.yaml"
