@@ -21,7 +21,9 @@ def test_example_config_is_valid_and_documents_every_section() -> None:
         assert f"\n{section}:" in text or text.startswith(f"{section}:"), section
 
 
-def test_check_config_prints_every_error_with_its_path(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_check_config_prints_every_error_with_its_path(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text("server:\n  port: -1\n  workers: 0\nvalidation:\n  max_body_bytes: big\nnope: 1\n")
     assert main(["check-config", str(bad)]) == 1
@@ -43,9 +45,15 @@ def test_check_config_reports_bad_yaml_and_missing_files(tmp_path: Path) -> None
 
 @pytest.mark.parametrize(
     ("path", "args"),
-    [("envoy/envoy.yaml", []), ("envoy/ext_proc-include.yaml", ["--include"]), ("istio/envoyfilter.yaml", ["--istio"])],
+    [
+        ("envoy/envoy.yaml", []),
+        ("envoy/ext_proc-include.yaml", ["--include"]),
+        ("istio/envoyfilter.yaml", ["--istio"]),
+    ],
 )
-def test_shipped_envoy_files_are_what_the_generator_writes(path: str, args: list[str], tmp_path: Path) -> None:
+def test_shipped_envoy_files_are_what_the_generator_writes(
+    path: str, args: list[str], tmp_path: Path
+) -> None:
     out = tmp_path / "out.yaml"
     assert envoy_config.main([*args, "--out", str(out)]) == 0
     assert (REPO / path).read_text() == out.read_text(), f"regenerate {path} with llm-gate envoy-config"
@@ -54,7 +62,9 @@ def test_shipped_envoy_files_are_what_the_generator_writes(path: str, args: list
 def test_shipped_bootstrap_passes_envoy_validate() -> None:
     result = subprocess.run(
         [envoy_binary(), "--mode", "validate", "-c", str(REPO / "envoy/envoy.yaml"), "--use-dynamic-base-id"],
-        capture_output=True, text=True, timeout=60,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert result.returncode == 0, result.stderr[-2000:]
 
@@ -63,15 +73,23 @@ def test_include_snippet_validates_inside_a_minimal_bootstrap(tmp_path: Path) ->
     import yaml
 
     snippet = yaml.safe_load((REPO / "envoy/ext_proc-include.yaml").read_text())
-    doc = envoy_config.bootstrap(listen=("127.0.0.1", 10000), admin=("127.0.0.1", 9901),
-                                 gate=[("127.0.0.1", 50051)], pools={"primary": [("127.0.0.1", 8001)]})
+    doc = envoy_config.bootstrap(
+        listen=("127.0.0.1", 10000),
+        admin=("127.0.0.1", 9901),
+        gate=[("127.0.0.1", 50051)],
+        pools={"primary": [("127.0.0.1", 8001)]},
+    )
     hcm = doc["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
     hcm["http_filters"] = [*snippet["http_filters"], hcm["http_filters"][-1]]
     doc["static_resources"]["clusters"] = [*snippet["clusters"], *doc["static_resources"]["clusters"][1:]]
     path = tmp_path / "with-include.yaml"
     path.write_text(envoy_config.dump(doc))
-    result = subprocess.run([envoy_binary(), "--mode", "validate", "-c", str(path), "--use-dynamic-base-id"],
-                            capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [envoy_binary(), "--mode", "validate", "-c", str(path), "--use-dynamic-base-id"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 0, result.stderr[-2000:]
 
 

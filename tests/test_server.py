@@ -54,7 +54,9 @@ async def stub() -> AsyncIterator[pb_grpc.ExternalProcessorStub]:
     await server.stop(0)
 
 
-async def exchange(stub: pb_grpc.ExternalProcessorStub, *messages: pb.ProcessingRequest) -> list[pb.ProcessingResponse]:
+async def exchange(
+    stub: pb_grpc.ExternalProcessorStub, *messages: pb.ProcessingRequest
+) -> list[pb.ProcessingResponse]:
     call = stub.Process()
     out = []
     for message in messages:

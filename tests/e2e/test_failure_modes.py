@@ -34,9 +34,7 @@ def gate_requests(metrics_port: int) -> float:
     with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5) as r:
         text = r.read().decode()
     return sum(
-        float(line.rsplit(" ", 1)[1])
-        for line in text.splitlines()
-        if line.startswith("gate_requests_total{")
+        float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith("gate_requests_total{")
     )
 
 

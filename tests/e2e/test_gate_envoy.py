@@ -20,7 +20,9 @@ def chat(content: str = "What is the capital of France?", **extra: object) -> di
 @pytest.fixture(scope="module")
 def stack() -> Iterator[Stack]:
     config = {
-        "validation": {"required_headers": [{"header": "x-business-scene", "path_prefix": "/v1/completions"}]},
+        "validation": {
+            "required_headers": [{"header": "x-business-scene", "path_prefix": "/v1/completions"}]
+        },
         "identity": {"api_keys": {"sk-vip": {"tenant": "acme", "tier": "vip"}}},
     }
     with Stack(gate_config=config, sim_args=["--itl-ms", "20"]) as s:
@@ -58,7 +60,9 @@ def test_fallback_model_alias_is_served_by_fallback_with_rewritten_model(
 
 
 def test_client_sent_gate_headers_have_no_effect(client: httpx.Client, stack: Stack) -> None:
-    r = client.post(CHAT, json=chat("route me"), headers={"x-gate-cluster": "fallback", "x-gate-cache": "hit"})
+    r = client.post(
+        CHAT, json=chat("route me"), headers={"x-gate-cluster": "fallback", "x-gate-cache": "hit"}
+    )
     assert r.status_code == 200
     assert r.headers["x-gate-cluster"] == "primary"
     assert "[llama-3-8b]" in r.json()["choices"][0]["message"]["content"]
@@ -98,8 +102,12 @@ BAD_INPUTS = [
     ("400 bad json", {"content": b'{"model": ', "headers": {"content-type": "application/json"}}, 400, None),
     ("400 empty body", {"content": b"", "headers": {"content-type": "application/json"}}, 400, None),
     ("400 missing model", {"json": {"messages": [{"role": "user", "content": "x"}]}}, 400, "model"),
-    ("400 bad role", {"json": {"model": "m", "messages": [{"role": "boss", "content": "x"}]}}, 400,
-     "messages[0].role"),
+    (
+        "400 bad role",
+        {"json": {"model": "m", "messages": [{"role": "boss", "content": "x"}]}},
+        400,
+        "messages[0].role",
+    ),
     ("400 bad temperature", {"json": chat(temperature=7)}, 400, "temperature"),
     ("400 stream not bool", {"json": chat(stream="yes")}, 400, "stream"),
     ("413 too large", {"json": chat("x" * 1_100_000)}, 413, None),
@@ -109,7 +117,12 @@ BAD_INPUTS = [
 
 @pytest.mark.parametrize(("case", "kwargs", "status", "param"), BAD_INPUTS, ids=[b[0] for b in BAD_INPUTS])
 def test_each_bad_input_gets_its_status_and_a_json_error(
-    client: httpx.Client, stack: Stack, case: str, kwargs: dict, status: int, param: str | None  # type: ignore[type-arg]
+    client: httpx.Client,
+    stack: Stack,
+    case: str,
+    kwargs: dict,
+    status: int,
+    param: str | None,  # type: ignore[type-arg]
 ) -> None:
     before = sim_state(stack, "primary")["served"]
     r = client.post(CHAT, **kwargs)

@@ -14,8 +14,13 @@ KEYS = {"sk-a": Caller(tenant="acme", tier="vip"), "sk-b": Caller(tenant="beta",
 
 @pytest.mark.parametrize(
     ("headers", "key"),
-    [({"authorization": "Bearer sk-a"}, "sk-a"), ({"authorization": "bearer  sk-a "}, "sk-a"),
-     ({"x-api-key": "sk-b"}, "sk-b"), ({"authorization": "Basic abc"}, None), ({}, None)],
+    [
+        ({"authorization": "Bearer sk-a"}, "sk-a"),
+        ({"authorization": "bearer  sk-a "}, "sk-a"),
+        ({"x-api-key": "sk-b"}, "sk-b"),
+        ({"authorization": "Basic abc"}, None),
+        ({}, None),
+    ],
 )
 def test_api_key_sources(headers: dict[str, str], key: str | None) -> None:
     assert api_key(headers) == key
@@ -23,8 +28,14 @@ def test_api_key_sources(headers: dict[str, str], key: str | None) -> None:
 
 @pytest.mark.parametrize(
     ("tier", "asked", "result"),
-    [("vip", None, "vip"), ("vip", "standard", "standard"), ("standard", "vip", "standard"),
-     ("premium", "vip", "premium"), ("premium", "standard", "standard"), ("vip", "bogus", "vip")],
+    [
+        ("vip", None, "vip"),
+        ("vip", "standard", "standard"),
+        ("standard", "vip", "standard"),
+        ("premium", "vip", "premium"),
+        ("premium", "standard", "standard"),
+        ("vip", "bogus", "vip"),
+    ],
 )
 def test_x_priority_lowers_never_raises(tier: str, asked: str | None, result: str) -> None:
     assert lower_tier(tier, asked) == result
@@ -70,9 +81,13 @@ ROUTING = Routing(
 
 @pytest.mark.parametrize(
     ("model", "path", "scene", "pool"),
-    [("llama", "/v1/chat/completions", "", "primary"), ("phi-3", "/v1/chat/completions", "", "fallback"),
-     ("unknown", "/v1/chat/completions", "", "primary"), ("llama", "/v1/chat/completions", "batch-x", "fallback"),
-     ("phi-3", "/v1/completions", "", "primary")],
+    [
+        ("llama", "/v1/chat/completions", "", "primary"),
+        ("phi-3", "/v1/chat/completions", "", "fallback"),
+        ("unknown", "/v1/chat/completions", "", "primary"),
+        ("llama", "/v1/chat/completions", "batch-x", "fallback"),
+        ("phi-3", "/v1/completions", "", "primary"),
+    ],
 )
 def test_choose_pool(model: str, path: str, scene: str, pool: str) -> None:
     assert choose_pool(ROUTING, model, path, scene) == pool

@@ -35,8 +35,11 @@ BAD = [
     ("content number", chat(messages=[msg(5)]), "messages[0].content"),
     ("part without type", chat(messages=[msg([{"text": "x"}])]), "messages[0].content[0]"),
     ("text part not str", chat(messages=[msg([{"type": "text", "text": 1}])]), "messages[0].content[0].text"),
-    ("image without url", chat(messages=[msg([{"type": "image_url", "image_url": {}}])]),
-     "messages[0].content[0].image_url.url"),
+    (
+        "image without url",
+        chat(messages=[msg([{"type": "image_url", "image_url": {}}])]),
+        "messages[0].content[0].image_url.url",
+    ),
     ("name not str", chat(messages=[{"role": "user", "content": "x", "name": 1}]), "messages[0].name"),
     ("stream not bool", chat(stream=1), "stream"),
     ("stream_options without stream", chat(stream_options={"include_usage": True}), "stream_options"),
@@ -66,7 +69,9 @@ GOOD = [
     chat(),
     chat(stream=True, stream_options={"include_usage": True}, max_tokens=5, temperature=0, top_p=1, n=1),
     chat(messages=[msg("sys", "system"), msg("q"), {"role": "assistant", "content": None, "tool_calls": []}]),
-    chat(messages=[msg([{"type": "text", "text": "look"}, {"type": "image_url", "image_url": {"url": "x"}}])]),
+    chat(
+        messages=[msg([{"type": "text", "text": "look"}, {"type": "image_url", "image_url": {"url": "x"}}])]
+    ),
     chat(stop="\n"),
     chat(stop=["a", "b"], temperature=None),
 ]
@@ -79,8 +84,16 @@ def test_good_chat_bodies_parse(payload: dict[str, object]) -> None:
 
 @pytest.mark.parametrize(
     ("prompt", "ok"),
-    [("hi", True), (["a", "b"], True), ([1, 2, 3], True), ([[1, 2], [3]], True),
-     ([], False), ([1, "a"], False), (None, False), ([[]], False)],
+    [
+        ("hi", True),
+        (["a", "b"], True),
+        ([1, 2, 3], True),
+        ([[1, 2], [3]], True),
+        ([], False),
+        ([1, "a"], False),
+        (None, False),
+        ([[]], False),
+    ],
 )
 def test_completion_prompt_shapes(prompt: object, ok: bool) -> None:
     body = orjson.dumps({"model": "m", "prompt": prompt})
@@ -108,18 +121,40 @@ def test_prompt_texts_covers_messages_and_parts() -> None:
 @given(st.binary(max_size=400))
 def test_parsing_any_bytes_raises_only_request_errors(body: bytes) -> None:
     try:
-        parse_request(body, CHAT, LIMITS)
-    except RequestError:
-        pass
+        payload = parse_request(body, CHAT, LIMITS)
+    except RequestError as exc:
+        assert exc.status == 400 and exc.message
+    else:
+        assert isinstance(payload.get("model"), str)
 
 
 json_values = st.recursive(
-    st.none() | st.booleans() | st.integers(-(2**63), 2**63 - 1) | st.floats(allow_nan=False) | st.text(max_size=5),
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**63), 2**63 - 1)
+    | st.floats(allow_nan=False)
+    | st.text(max_size=5),
     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
     max_leaves=12,
 )
-keys = st.sampled_from(["model", "messages", "stream", "stream_options", "max_tokens", "temperature",
-                        "n", "stop", "prompt", "top_p", "role", "content", "type", "text"])
+keys = st.sampled_from(
+    [
+        "model",
+        "messages",
+        "stream",
+        "stream_options",
+        "max_tokens",
+        "temperature",
+        "n",
+        "stop",
+        "prompt",
+        "top_p",
+        "role",
+        "content",
+        "type",
+        "text",
+    ]
+)
 
 
 @given(st.dictionaries(keys, json_values, max_size=6), st.sampled_from([CHAT, "/v1/completions"]))
