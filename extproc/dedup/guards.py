@@ -1,0 +1,386 @@
+"""Guards: cheap pure checks that veto a semantic match a cosine cannot see.
+
+Each guard takes two prompts and says whether they differ in something that changes the
+answer: a negation, a number or amount, a date, an id, a named entity, or one content word
+swapped for another in otherwise identical text. A guard may refuse a true paraphrase (a miss
+costs a model call); it must not let a different question through.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Callable
+from difflib import SequenceMatcher
+
+from .canonical import canonical
+
+# --------------------------------------------------------------------------- negation
+
+_EN_NEG = re.compile(
+    r"\b(?:not|no|never|none|nobody|nothing|nowhere|neither|nor|without|cannot|"
+    r"can't|won't|don't|doesn't|didn't|isn't|aren't|wasn't|weren't|shouldn't|wouldn't|"
+    r"couldn't|mustn't|hasn't|haven't|hadn't|unable|fail|fails|failed)\b|n't\b"
+)
+# A-not-A questions (能不能, 是不是, 有没有) ask, they do not negate; fixed words are not negations.
+_ZH_ANOTA = re.compile(r"([\u4e00-\u9fff])[不没]\1")
+_ZH_FIXED = re.compile(
+    r"不过|不错|不同|不少|不断|不仅|不管|不久|差不多|不了解|对不起|了不起|不知道|要不|不然"
+)
+_ZH_NEG = re.compile(r"没有|没|不|无法|无|未|别|非|莫|勿|否")
+_ZH_TAG_QUESTION = re.compile(r"(?:没有|没|不|否)(?=\s*(?:[吗呢啊呀?？,，。.!！]|$))")
+
+
+def negations(text: str) -> int:
+    t = canonical(text)
+    zh = _ZH_TAG_QUESTION.sub("", _ZH_FIXED.sub("", _ZH_ANOTA.sub("", t)))
+    return len(_EN_NEG.findall(t)) + len(_ZH_NEG.findall(zh))
+
+
+# --------------------------------------------------------------------------- numbers
+
+_EN_NUMS: dict[str, float] = {
+    w: i
+    for i, w in enumerate(
+        [
+            "zero",
+            "one",
+            "two",
+            "three",
+            "four",
+            "five",
+            "six",
+            "seven",
+            "eight",
+            "nine",
+            "ten",
+            "eleven",
+            "twelve",
+            "thirteen",
+            "fourteen",
+            "fifteen",
+            "sixteen",
+            "seventeen",
+            "eighteen",
+            "nineteen",
+            "twenty",
+        ]
+    )
+}
+_EN_NUMS |= {
+    "thirty": 30,
+    "forty": 40,
+    "fifty": 50,
+    "sixty": 60,
+    "seventy": 70,
+    "eighty": 80,
+    "ninety": 90,
+    "hundred": 100,
+    "thousand": 1000,
+    "million": 10**6,
+    "billion": 10**9,
+    "dozen": 12,
+    "half": 0.5,
+    "twice": 2,
+    "double": 2,
+    "triple": 3,
+    "first": 1,
+    "second": 2,
+    "third": 3,
+    "fourth": 4,
+    "fifth": 5,
+    "once": 1,
+}
+_ZH_DIGIT = {
+    "零": 0,
+    "〇": 0,
+    "一": 1,
+    "二": 2,
+    "两": 2,
+    "三": 3,
+    "四": 4,
+    "五": 5,
+    "六": 6,
+    "七": 7,
+    "八": 8,
+    "九": 9,
+}
+_ZH_UNIT = {"十": 10, "百": 100, "千": 1000, "万": 10**4, "亿": 10**8}
+_ARABIC = re.compile(r"\d+(?:[.,:/]\d+)*")
+_ZH_NUM = re.compile(r"[零〇一二两三四五六七八九十百千万亿]+")
+_ZH_NOT_NUMBER = re.compile(
+    r"一下|一些|一点|一起|一直|一般|一定|一样|统一|唯一|万一|一旦|一共|一边|之一|十分|千万"
+)
+_WORD = re.compile(r"[a-z]+(?:'[a-z]+)?")
+
+
+def _zh_value(s: str) -> float:
+    total, section, digit = 0, 0, 0
+    for ch in s:
+        if ch in _ZH_DIGIT:
+            digit = (
+                digit * 10 + _ZH_DIGIT[ch]
+                if digit and len(s) > 1 and all(c in _ZH_DIGIT for c in s)
+                else _ZH_DIGIT[ch]
+            )
+        else:
+            unit = _ZH_UNIT[ch]
+            if unit >= 10**4:
+                total += (section + digit) * unit
+                section = 0
+            else:
+                section += (digit or 1) * unit
+            digit = 0
+    return float(total + section + digit)
+
+
+def numbers(text: str) -> Counter[str]:
+    """Numbers in the text as written (3.10 is not 3.1: versions), thousands separators dropped;
+    Chinese numerals and English number words as their integer value. One is not counted."""
+    t = canonical(text)
+    found: Counter[str] = Counter()
+    for m in _ARABIC.finditer(t):
+        raw = m.group()
+        if re.fullmatch(r"\d{1,3}(?:,\d{3})+(?:\.\d+)?", raw):
+            raw = raw.replace(",", "")
+        found[raw] += 1
+    for m in _ZH_NUM.finditer(_ZH_NOT_NUMBER.sub(" ", t)):
+        found[_value_text(_zh_value(m.group()))] += 1
+    for w in _WORD.findall(t):
+        if w in _EN_NUMS:
+            found[_value_text(_EN_NUMS[w])] += 1
+    for one in ("1", "01", "1.0"):
+        del found[one]  # "一个人" / "a person" / "1 person": one is the article, not a quantity
+    return found
+
+
+def _value_text(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else repr(float(value))
+
+
+# --------------------------------------------------------------------------- dates, amounts, ids
+
+_DATE_WORDS = re.compile(
+    r"\b(?:january|february|april|june|july|august|september|october|november|december|"
+    r"jan|feb|mar|apr|jun|jul|aug|sept?|oct|nov|dec|monday|tuesday|wednesday|thursday|friday|"
+    r"saturday|sunday|today|tomorrow|yesterday|tonight|weekend|morning|afternoon|evening|midnight|noon|"
+    r"(?:last|next|this|coming|past|previous)\s+(?:week|month|year|quarter|weekend|night|time))\b"
+    r"|(?<=\d)\s*(?:am|pm)\b"
+    r"|今天|明天|昨天|后天|前天|今年|明年|去年|前年|本周|这周|上周|下周|本月|这个月|上个月|下个月|"
+    r"周[一二三四五六日天末]|星期[一二三四五六日天]|礼拜[一二三四五六日天]|早上|上午|中午|下午|晚上|凌晨|"
+    r"[0-9一二三四五六七八九十两几]+\s*(?:年|个月|月|日|号|天|周|小时|分钟)"
+)
+_CURRENCY = re.compile(
+    r"[$¥€£₹₩₽]|\b(?:usd|eur|gbp|cny|rmb|jpy|dollars?|euros?|pounds?|yuan|yen|cents?|percent)\b"
+    r"|%|元|块|角|毛|分钱|美元|欧元|英镑|日元|人民币|港币"
+)
+_ID = re.compile(r"(?:[#№]\s*\w+)|\b(?=[a-z0-9_-]*\d)(?=[a-z0-9_-]*[a-z])[a-z0-9_-]{3,}\b|\d{5,}")
+
+
+def dates(text: str) -> Counter[str]:
+    return Counter(_DATE_WORDS.findall(canonical(text)))
+
+
+def amounts(text: str) -> Counter[str]:
+    return Counter(_CURRENCY.findall(canonical(text)))
+
+
+def ids(text: str) -> set[str]:
+    return {m.group().replace(" ", "") for m in _ID.finditer(canonical(text))}
+
+
+# --------------------------------------------------------------------------- entities
+
+_URLISH = re.compile(r"https?://\S+|www\.\S+|[\w.+-]+@[\w-]+\.[\w.]+|@\w+|(?:/[\w.-]+){2,}")
+_QUOTED = re.compile(r"[\"“「『']([^\"”」』']{1,40})[\"”」』']")
+_CAPITAL = re.compile(r"(?<![.!?。！？]\s)(?<!^)\b([A-Z][\w-]*(?:\s+[A-Z][\w-]*)*)")
+_CODEISH = re.compile(r"\b\w+_\w+\b|\b[a-z]+[A-Z]\w*\b|\b\w+\(\)")
+_LATIN_IN_CJK = re.compile(r"[A-Za-z][\w.+-]*")
+_HAN = re.compile(r"[\u4e00-\u9fff]")
+
+
+def entities(text: str) -> set[str]:
+    """Names the text commits to: URLs, emails, handles, quoted spans, capitalised names, code names."""
+    found = {m.group() for m in _URLISH.finditer(text)}
+    found |= {m.group(1) for m in _QUOTED.finditer(text)}
+    found |= {m.group() for m in _CODEISH.finditer(text)}
+    body = text.lstrip()
+    found |= {
+        m.group(1) for m in _CAPITAL.finditer(body) if m.group(1) not in ("I", "I'm", "I've", "I'll", "I'd")
+    }
+    if _HAN.search(text):
+        found |= {m.group() for m in _LATIN_IN_CJK.finditer(text)}
+    return {canonical(e) for e in found if e.strip()}
+
+
+def _missing(names: set[str], other: str) -> bool:
+    hay = canonical(other)
+    return any(n not in hay for n in names)
+
+
+# --------------------------------------------------------------------------- substitutions
+
+_EN_FUNCTION = frozenset(
+    [
+        "a",
+        "an",
+        "the",
+        "my",
+        "your",
+        "his",
+        "her",
+        "its",
+        "our",
+        "their",
+        "me",
+        "i",
+        "you",
+        "we",
+        "they",
+        "it",
+        "this",
+        "that",
+        "these",
+        "those",
+        "to",
+        "of",
+        "for",
+        "in",
+        "on",
+        "at",
+        "by",
+        "with",
+        "from",
+        "do",
+        "does",
+        "did",
+        "is",
+        "are",
+        "was",
+        "were",
+        "be",
+        "been",
+        "am",
+        "please",
+        "tell",
+        "about",
+        "hi",
+        "hello",
+        "thanks",
+        "thank",
+        "hey",
+        "some",
+        "any",
+        "just",
+        "really",
+        "very",
+        "so",
+        "and",
+        "or",
+        "but",
+        "if",
+        "then",
+        "there",
+        "here",
+        "what's",
+        "how's",
+        "it's",
+        "i'm",
+    ]
+)
+_ZH_FUNCTION = frozenset("的了吗呢吧啊呀嘛么哦啦哈我你您怎如何样咋啥请问下呐嗯个这那")
+_NUMERIC = re.compile(r"\d+|[零〇一二两三四五六七八九十百千万亿]")
+_TOKEN = re.compile(r"[a-z0-9]+(?:'[a-z]+)?|[\u3040-\u30ff\u3400-\u9fff\uf900-\ufaff\uac00-\ud7af]")
+
+
+def tokens(text: str) -> list[str]:
+    """Words (crudely stemmed: plays/played/playing -> play) for alphabetic text, single
+    characters for CJK (the unit a swap happens in)."""
+    return [_stem(t) for t in _TOKEN.findall(canonical(text))]
+
+
+def _stem(word: str) -> str:
+    if not word.isascii() or len(word) <= 4 or word.isdigit():
+        return word
+    for suffix in ("ing", "ed", "es", "s"):
+        if word.endswith(suffix) and len(word) - len(suffix) >= 3 and not word.endswith("ss"):
+            return word[: -len(suffix)]
+    return word
+
+
+def _content(seg: list[str]) -> list[str]:
+    """Tokens that carry content; numbers are left to the number guard."""
+    return [t for t in seg if t not in _EN_FUNCTION and t not in _ZH_FUNCTION and not _NUMERIC.fullmatch(t)]
+
+
+def swapped(a: str, b: str, min_shared: float = 0.7, max_edit: int = 4) -> str | None:
+    """'substitution' when otherwise identical texts swap content words (开通/关闭, France/Germany),
+    'insertion' when one adds a little content the other lacks (refund / partial refund).
+    Rewrites (more than ``max_edit`` tokens changed on a side and less than ``min_shared`` of
+    the longer text in common, or any longer edit) are left to the verifier."""
+    ta, tb = tokens(a), tokens(b)
+    if not ta or not tb:
+        return None
+    sm = SequenceMatcher(None, ta, tb, autojunk=False)
+    shared = sum(size for _, _, size in sm.get_matching_blocks())
+    changed = max(len(ta), len(tb)) - shared
+    if changed > max(max_edit, (1 - min_shared) * max(len(ta), len(tb))):
+        return None
+    verdict = None
+    for op, i1, i2, j1, j2 in sm.get_opcodes():
+        if op == "equal":
+            continue
+        if i2 - i1 > max_edit or j2 - j1 > max_edit:
+            return None
+        ca, cb = _content(ta[i1:i2]), _content(tb[j1:j2])
+        if ca and cb:
+            return "substitution"
+        if ca or cb:
+            verdict = "insertion"
+    return verdict
+
+
+# --------------------------------------------------------------------------- all guards
+
+
+def _negation(a: str, b: str) -> bool:
+    return negations(a) != negations(b)
+
+
+def _numbers(a: str, b: str) -> bool:
+    return numbers(a) != numbers(b)
+
+
+def _dates(a: str, b: str) -> bool:
+    return dates(a) != dates(b)
+
+
+def _amounts(a: str, b: str) -> bool:
+    return amounts(a) != amounts(b)
+
+
+def _ids(a: str, b: str) -> bool:
+    return ids(a) != ids(b)
+
+
+def _entities(a: str, b: str) -> bool:
+    return _missing(entities(a), b) or _missing(entities(b), a)
+
+
+GUARDS: dict[str, Callable[[str, str], bool]] = {
+    "negation": _negation,
+    "number": _numbers,
+    "date": _dates,
+    "amount": _amounts,
+    "id": _ids,
+    "entity": _entities,
+}
+
+
+def guard(a: str, b: str, swaps: tuple[str, ...] = ("substitution", "insertion")) -> str | None:
+    """The first guard that refuses the pair, or None when all pass."""
+    for name, check in GUARDS.items():
+        if check(a, b):
+            return name
+    s = swapped(a, b)
+    return s if s in swaps else None

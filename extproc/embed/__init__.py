@@ -1,0 +1,17 @@
+"""Sentence embeddings for the semantic dedup layer (ONNX Runtime, no PyTorch at run time)."""
+
+from .batching import BatchingEmbedder, BatchReport, BatchStats
+from .encoder import Embedder, OnnxEmbedder, ReadPolicy
+from .loader import load_embedder
+from .paths import default_model_dir
+
+__all__ = [
+    "BatchReport",
+    "BatchStats",
+    "BatchingEmbedder",
+    "Embedder",
+    "OnnxEmbedder",
+    "ReadPolicy",
+    "default_model_dir",
+    "load_embedder",
+]
