@@ -1,0 +1,94 @@
+-- One request's rate-limit check, atomically: the same steps as check.evaluate and
+-- gcra.take_interval, in the same order and with the same arithmetic (integer microseconds).
+--
+-- KEYS: n bucket keys, then (when ARGV[3] == '1') the prompt's arrival list and the block key.
+-- ARGV: now_us ('' = Redis TIME, one clock for every gate replica), n, has_repeat,
+--       [limit, window_us, block_us, info when has_repeat], then n x (interval_us, tolerance_us, cost).
+-- Returns {status (0 allowed, 1 limited, 2 blocked), block_left_us, newly_blocked,
+--          then per bucket: allowed, remaining, retry_after_us, reset_after_us}.
+--
+-- Numbers are written with %d: Redis turns a Lua number into text with 14 digits only.
+-- Keys outlive their meaning by a second; the values carry their own times.
+
+local now
+if ARGV[1] == '' then
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+else
+  now = tonumber(ARGV[1])
+end
+local n = tonumber(ARGV[2])
+local a = 4
+
+local function fmt(x)
+  return string.format('%d', x)
+end
+
+local function ttl_ms(us)
+  return math.floor(us / 1000) + 1000
+end
+
+if ARGV[3] == '1' then
+  local hkey, bkey = KEYS[n + 1], KEYS[n + 2]
+  local limit, window, block = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
+  local info = ARGV[7]
+  a = 8
+  local held = redis.call('GET', bkey)
+  if held then
+    local until_us = tonumber(string.match(held, '^(%d+)'))
+    if until_us > now then
+      return {2, until_us - now, 0}
+    end
+  end
+  local recent = {}
+  for _, v in ipairs(redis.call('LRANGE', hkey, 0, -1)) do
+    if tonumber(v) > now - window then
+      recent[#recent + 1] = v
+    end
+  end
+  redis.call('DEL', hkey)
+  if #recent >= limit then
+    redis.call('SET', bkey, fmt(now + block) .. '|' .. info, 'PX', ttl_ms(block))
+    return {2, block, 1}
+  end
+  recent[#recent + 1] = fmt(now)
+  redis.call('RPUSH', hkey, unpack(recent))
+  redis.call('PEXPIRE', hkey, ttl_ms(window))
+end
+
+local out = {0, 0, 0}
+local tats = {}
+local denied = false
+for i = 1, n do
+  local interval, tolerance, cost = tonumber(ARGV[a]), tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
+  a = a + 3
+  local tat = tonumber(redis.call('GET', KEYS[i]) or now)
+  if tat < now then
+    tat = now
+  end
+  local new_tat = tat + interval * cost
+  local allow_at = new_tat - tolerance
+  if allow_at > now then
+    denied = true
+    local remaining = math.max(0, math.floor((tolerance - (tat - now)) / interval))
+    out[#out + 1] = 0
+    out[#out + 1] = remaining
+    out[#out + 1] = allow_at - now
+    out[#out + 1] = tat - now
+  else
+    tats[i] = new_tat
+    out[#out + 1] = 1
+    out[#out + 1] = math.max(0, math.floor((tolerance - (new_tat - now)) / interval))
+    out[#out + 1] = 0
+    out[#out + 1] = new_tat - now
+  end
+end
+
+if denied then
+  out[1] = 1
+else
+  for i = 1, n do
+    redis.call('SET', KEYS[i], fmt(tats[i]), 'PX', ttl_ms(tats[i] - now))
+  end
+end
+return out

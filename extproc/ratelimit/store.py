@@ -1,0 +1,154 @@
+"""Where buckets live: in this process (`MemoryStore`) or in Redis (`RedisStore`).
+
+Both run `check.evaluate`'s algorithm: the memory store calls it, the Redis store runs
+`ratelimit.lua`, one atomic EVALSHA per request whatever the number of buckets, so every
+gate replica sees the same buckets.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any, Protocol
+
+import redis.asyncio as aioredis
+
+from .check import Check, State, Status, Verdict, evaluate
+from .gcra import Decision
+
+LUA = resources.files(__package__).joinpath("ratelimit.lua").read_text(encoding="utf-8")
+STATUSES: tuple[Status, ...] = ("allowed", "limited", "blocked")
+BLOCK = "block:"
+
+
+def wall_clock_us() -> int:
+    return time.time_ns() // 1000
+
+
+@dataclass(frozen=True)
+class Block:
+    caller: str
+    left: int  # microseconds
+    info: str
+
+
+class LimitStore(Protocol):
+    async def check(self, check: Check, now: int | None = None) -> Verdict:
+        """Run one check atomically; `now` (microseconds) defaults to the store's clock."""
+        ...
+
+    async def blocks(self) -> list[Block]: ...
+
+    async def lift(self, caller: str) -> bool: ...
+
+
+class MemoryStore:
+    """One process only: for the embedded gate and for tests."""
+
+    def __init__(
+        self, prefix: str = "gate:rl:", clock: Callable[[], int] = wall_clock_us, sweep_every: int = 4096
+    ) -> None:
+        self.prefix = prefix
+        self.clock = clock
+        self.tats: dict[str, int] = {}
+        self.histories: dict[str, tuple[int, ...]] = {}
+        self.windows: dict[str, int] = {}
+        self.held: dict[str, tuple[int, str]] = {}
+        self._calls = 0
+        self.sweep_every = sweep_every
+
+    async def check(self, check: Check, now: int | None = None) -> Verdict:
+        now = self.clock() if now is None else now
+        repeat = check.repeat
+        held = self.held.get(repeat.block_key) if repeat else None
+        state = State(
+            tats=tuple(self.tats.get(b.key) for b in check.buckets),
+            history=self.histories.get(repeat.key, ()) if repeat else (),
+            block_until=held[0] if held else None,
+        )
+        out = evaluate(check, state, now)
+        if repeat is not None:
+            if out.history is not None:
+                self.histories[repeat.key] = out.history
+                self.windows[repeat.key] = repeat.window
+            if out.block_until is not None:
+                self.held[repeat.block_key] = (out.block_until, repeat.info)
+        if out.tats is not None:
+            self.tats.update(zip((b.key for b in check.buckets), out.tats, strict=True))
+        self._sweep(now)
+        return out.verdict
+
+    def _sweep(self, now: int) -> None:
+        """Forget what no longer matters: full buckets, old arrivals, ended blocks."""
+        self._calls += 1
+        if self._calls % self.sweep_every:
+            return
+        self.tats = {k: v for k, v in self.tats.items() if v > now}
+        self.held = {k: v for k, v in self.held.items() if v[0] > now}
+        self.histories = {
+            k: v for k, v in self.histories.items() if v and v[-1] > now - self.windows.get(k, 0)
+        }
+        self.windows = {k: v for k, v in self.windows.items() if k in self.histories}
+
+    async def blocks(self) -> list[Block]:
+        now = self.clock()
+        start = len(self.prefix + BLOCK)
+        return [
+            Block(key[start:], until - now, info)
+            for key, (until, info) in sorted(self.held.items())
+            if until > now
+        ]
+
+    async def lift(self, caller: str) -> bool:
+        return self.held.pop(self.prefix + BLOCK + caller, None) is not None
+
+
+class RedisStore:
+    def __init__(self, redis: aioredis.Redis, prefix: str = "gate:rl:") -> None:
+        self.redis = redis
+        self.prefix = prefix
+        self.script = redis.register_script(LUA)
+
+    async def check(self, check: Check, now: int | None = None) -> Verdict:
+        keys = [b.key for b in check.buckets]
+        args: list[Any] = ["" if now is None else now, len(check.buckets)]
+        repeat = check.repeat
+        if repeat is None:
+            args.append(0)
+        else:
+            keys += [repeat.key, repeat.block_key]
+            args += [1, repeat.limit, repeat.window, repeat.block, repeat.info]
+        for b in check.buckets:
+            args += [b.interval, b.tolerance, b.cost]
+        reply = await self.script(keys=keys, args=args)
+        return parse_reply([int(x) for x in reply])
+
+    async def blocks(self) -> list[Block]:
+        seconds, micros = await self.redis.time()
+        now = int(seconds) * 1_000_000 + int(micros)
+        start = len(self.prefix + BLOCK)
+        found: list[Block] = []
+        async for raw in self.redis.scan_iter(match=self.prefix + BLOCK + "*", count=500):
+            key = raw.decode() if isinstance(raw, bytes) else str(raw)
+            value = await self.redis.get(key)
+            if value is None:
+                continue
+            text = value.decode() if isinstance(value, bytes) else str(value)
+            until, _, info = text.partition("|")
+            if int(until) > now:
+                found.append(Block(key[start:], int(until) - now, info))
+        return sorted(found, key=lambda b: b.caller)
+
+    async def lift(self, caller: str) -> bool:
+        return bool(await self.redis.delete(self.prefix + BLOCK + caller))
+
+
+def parse_reply(reply: list[int]) -> Verdict:
+    status, block_left, newly = reply[:3]
+    rest = reply[3:]
+    decisions = tuple(
+        Decision(bool(rest[i]), None, rest[i + 1], rest[i + 2], rest[i + 3]) for i in range(0, len(rest), 4)
+    )
+    return Verdict(STATUSES[status], decisions, block_left, bool(newly))
