@@ -1,0 +1,123 @@
+"""Breaker: send new requests to the pool's fallback while its latency breaker is open.
+
+Runs after Route and PromptLimit have chosen the pool; re-routes with `Route.send_to`
+(cluster header and `model` rewrite), and times every upstream call of its own view:
+
+- JSON: vLLM sends the headers after the last token, so time-to-headers is the total.
+- Streams: the headers leave before the first token. `stream_signal: ttft` streams the
+  response body through the gate (one ext_proc message per chunk) to time the first
+  chunk; `total` times the end of the stream from `on_done`, which Envoy calls when the
+  HTTP stream ends, at no extra cost.
+- Outcomes: 5xx (Envoy's own 503/504 for resets and timeouts included) and a stream that
+  ended with no response at all count as errors; 4xx are the caller's and are not counted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass
+
+from ..breaker.monitor import Breakers
+from ..config import Breaker as BreakerConfig
+from ..config import Config, Routing
+from ..exchange import Exchange, Reply
+from ..metrics import Metrics
+from ..redis_conn import connect
+from .base import Stage
+from .route import Route
+
+
+@dataclass
+class Call:
+    """What the breaker knows of one upstream call."""
+
+    pool: str
+    version: int
+    stream: bool
+    status: int | None = None
+    headers_at: float | None = None
+    first_chunk_at: float | None = None
+
+
+def measure(call: Call, started: float, done_at: float, stream_signal: str) -> tuple[float | None, bool]:
+    """(latency in seconds or None, error) for one finished call; (None, False): not a sample."""
+    if call.status is None or call.headers_at is None:
+        return None, True
+    if call.status >= 500:
+        return None, True
+    if call.status >= 400:
+        return None, False
+    if not call.stream:
+        return call.headers_at - started, False
+    if stream_signal == "ttft" and call.first_chunk_at is not None:
+        return call.first_chunk_at - started, False
+    return done_at - started, False
+
+
+class Breaker(Stage):
+    name = "breaker"
+
+    def __init__(
+        self, breakers: Breakers, routing: Routing, config: BreakerConfig, default_prompt_limit: int
+    ) -> None:
+        self.breakers = breakers
+        self.routing = routing
+        self.config = config
+        self.default_prompt_limit = default_prompt_limit
+        self.route = Route(routing)
+        self.calls: dict[str, Call] = {}
+
+    @classmethod
+    def from_config(cls, config: Config, metrics: Metrics) -> Breaker:
+        """Its own Redis client: the sync loop is off the request path and gets a looser
+        time box (`breaker.sync_timeout_ms`) than the request-path client."""
+        b = config.breaker
+        store = config.store.model_copy(update={"op_timeout_ms": b.sync_timeout_ms})
+        breakers = Breakers(b, config.routing.pools, metrics, connect(store))
+        if b.enabled:
+            with contextlib.suppress(RuntimeError):  # no running loop (tests): starts on first request
+                breakers.start()
+        return cls(breakers, config.routing, b, config.validation.max_prompt_tokens)
+
+    async def on_request(self, ex: Exchange) -> Reply | None:
+        if not self.config.enabled or ex.pool is None or ex.payload is None:
+            return None
+        self.breakers.start()
+        pool = ex.pool
+        choice = self.breakers.choose(pool)
+        fallback = self.routing.pools[pool].fallback
+        if not choice.primary and fallback is not None and self._fits(ex, fallback):
+            self.route.send_to(ex, fallback)
+            self.breakers.metrics.breaker_reroutes.labels(pool, fallback).inc()
+            pool, version = fallback, self.breakers.version(fallback)
+        else:
+            version = choice.version
+        self.calls[ex.request_id] = Call(pool, version, ex.payload.get("stream") is True)
+        return None
+
+    def _fits(self, ex: Exchange, pool: str) -> bool:
+        """A prompt the fallback cannot take stays on the slow primary rather than fail."""
+        limit = self.routing.pools[pool].max_prompt_tokens or self.default_prompt_limit
+        return ex.prompt_tokens <= limit
+
+    async def on_response(self, ex: Exchange, status: int, headers: dict[str, str]) -> None:
+        call = self.calls.get(ex.request_id)
+        if call is None or ex.upstream_started is None:
+            return
+        call.status, call.headers_at = status, time.perf_counter()
+        if call.stream and self.config.stream_signal == "ttft" and 200 <= status < 300:
+            ex.capture_body = True
+
+    async def on_response_body(self, ex: Exchange, chunk: bytes, end: bool) -> None:
+        call = self.calls.get(ex.request_id)
+        if call is not None and call.first_chunk_at is None and chunk:
+            call.first_chunk_at = time.perf_counter()
+
+    async def on_done(self, ex: Exchange) -> None:
+        call = self.calls.pop(ex.request_id, None)
+        if call is None or ex.upstream_started is None:
+            return
+        latency, error = measure(call, ex.upstream_started, time.perf_counter(), self.config.stream_signal)
+        if latency is not None or error:
+            self.breakers.record(call.pool, call.version, latency, error)
