@@ -1,0 +1,324 @@
+"""The admission queue of one pool: who gets the next slot, and who is told no.
+
+Pure: no I/O and no clock; every call takes `now` (seconds, monotonic) and returns the
+events it caused. The scheduler service and the gate's embedded mode both drive it.
+
+Order. A waiting request sits in a *band*: 0 vip-urgent, 1 vip, 2 premium-urgent,
+3 premium, 4 standard-urgent, 5 standard. The lowest band goes first, then arrival.
+Aging lifts a request one band per `aging_step_s` waited, so after `5 * aging_step_s`
+it is in band 0 and only older requests go before it: nothing starves.
+Demotion: a vip or premium request still waiting after `max_wait_s` is demoted to
+standard, so a flood of one high class cannot push its own fresh arrivals behind
+requests that are already late; aging still bounds its wait.
+
+Batch windows. Requests of a class are released together: the first arrival of a class
+opens a window of `batch_window_s[class]`; everything of that class arriving inside it
+becomes eligible when it closes. Under memory pressure only requests that have waited
+`pressure_hold_s` are released, so the pool gets fewer, larger batches.
+
+Overload. The queue is bounded by count and by estimated tokens; a newcomer that ranks
+above the worst waiting request evicts it, otherwise it is refused. A newcomer whose
+ETA (from the measured drain rate) exceeds its deadline is refused at once, and a
+request still waiting at its deadline is refused then.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Literal
+
+CLASSES: tuple[str, ...] = ("vip", "premium", "standard")
+HIGH_CLASSES = frozenset({"vip", "premium"})
+WORST_BAND = 2 * len(CLASSES) - 1
+Reason = Literal["queue_full", "deadline", "evicted", "timed_out"]
+
+
+@dataclass(frozen=True)
+class Policy:
+    batch_window_s: Mapping[str, float] = field(
+        default_factory=lambda: {"vip": 0.002, "premium": 0.010, "standard": 0.050}
+    )
+    max_wait_s: float = 0.3
+    aging_step_s: float = 5.0
+    max_queued: int = 1024
+    max_queued_tokens: int = 4_000_000
+    default_deadline_s: float = 10.0
+    lease_s: float = 120.0
+    pressure_hold_s: float = 0.2
+    drain_window_s: float = 10.0
+    min_drain_samples: int = 4
+
+
+@dataclass(frozen=True)
+class Ticket:
+    id: str
+    cls: str = "standard"
+    urgent: bool = False
+    tokens: int = 0
+    deadline_s: float | None = None  # how long the caller will wait; None: the policy's default
+
+
+@dataclass(frozen=True)
+class Granted:
+    id: str
+    cls: str  # the class it was granted in (standard when demoted)
+    asked: str
+    waited_s: float
+    demoted: bool
+
+
+@dataclass(frozen=True)
+class Refused:
+    id: str
+    reason: Reason
+    eta_s: float
+    cls: str
+
+
+@dataclass(frozen=True)
+class Demoted:
+    id: str
+    asked: str
+
+
+@dataclass(frozen=True)
+class Expired:
+    """A grant whose lease ran out before it was released or renewed."""
+
+    id: str
+    cls: str
+
+
+Event = Granted | Refused | Demoted | Expired
+
+
+@dataclass
+class _Waiting:
+    ticket: Ticket
+    seq: int
+    arrived: float
+    eligible_at: float
+    deadline_at: float
+    cls: str
+    demoted: bool = False
+
+
+@dataclass
+class _Held:
+    cls: str
+    tokens: int
+    lease_until: float
+
+
+def band_of(cls: str, urgent: bool) -> int:
+    return 2 * CLASSES.index(cls) + (0 if urgent else 1)
+
+
+class Queue:
+    def __init__(self, policy: Policy | None = None, limit: int = 1) -> None:
+        self.policy = policy or Policy()
+        self.limit = limit
+        self.pressure = False
+        self.waiting: dict[str, _Waiting] = {}
+        self.held: dict[str, _Held] = {}
+        self.queued_tokens = 0
+        self._seq = 0
+        self._window_close: dict[str, float] = {}
+        self._releases: deque[float] = deque(maxlen=512)
+        self._arrivals: dict[str, deque[float]] = {c: deque(maxlen=512) for c in CLASSES}
+        self._first_arrival: float | None = None
+        self._first_release: float | None = None
+
+    # -- ordering -------------------------------------------------------------------------
+
+    def _key(self, w: _Waiting, now: float) -> tuple[int, float, int]:
+        aged = int(max(0.0, now - w.arrived) / self.policy.aging_step_s)
+        return (max(0, band_of(w.cls, w.ticket.urgent) - aged), w.arrived, w.seq)
+
+    def _eligible(self, w: _Waiting, now: float) -> bool:
+        if now < w.eligible_at:
+            return False
+        return not self.pressure or now - w.arrived >= self.policy.pressure_hold_s
+
+    # -- the caller's operations ----------------------------------------------------------
+
+    def offer(self, ticket: Ticket, now: float) -> list[Event]:
+        """A request asks for a slot; it may be granted or refused at once."""
+        if ticket.id in self.waiting or ticket.id in self.held:
+            return []
+        if ticket.cls not in CLASSES:
+            ticket = Ticket(ticket.id, "standard", ticket.urgent, ticket.tokens, ticket.deadline_s)
+        events: list[Event] = self.poll(now)
+        self._seq += 1
+        self._arrivals[ticket.cls].append(now)
+        if self._first_arrival is None:
+            self._first_arrival = now
+        close = self._window_close.get(ticket.cls, -math.inf)
+        if close <= now:
+            close = self._window_close[ticket.cls] = now + self.policy.batch_window_s.get(ticket.cls, 0.0)
+        deadline = self.policy.default_deadline_s if ticket.deadline_s is None else ticket.deadline_s
+        entry = _Waiting(ticket, self._seq, now, close, now + deadline, ticket.cls)
+        eta = self.eta(entry, now)
+        if eta > deadline:
+            return [*events, Refused(ticket.id, "deadline", eta, ticket.cls)]
+        evicted = self._make_room(entry, now)
+        if evicted is None:
+            return [*events, Refused(ticket.id, "queue_full", eta, ticket.cls)]
+        events += evicted
+        self.waiting[ticket.id] = entry
+        self.queued_tokens += ticket.tokens
+        return events + self.poll(now)
+
+    def cancel(self, id: str, now: float) -> bool:
+        """The caller went away while waiting: leave the queue at once."""
+        w = self.waiting.pop(id, None)
+        if w is None:
+            return False
+        self.queued_tokens -= w.ticket.tokens
+        return True
+
+    def release(self, id: str, now: float) -> bool:
+        """Give a granted slot back; True only the first time for a held grant."""
+        if self.held.pop(id, None) is None:
+            return False
+        self._releases.append(now)
+        if self._first_release is None:
+            self._first_release = now
+        return True
+
+    def renew(self, ids: list[str], now: float) -> list[str]:
+        """Extend leases; returns the ids this queue does not hold."""
+        unknown = []
+        for id in ids:
+            held = self.held.get(id)
+            if held is None:
+                unknown.append(id)
+            else:
+                held.lease_until = now + self.policy.lease_s
+        return unknown
+
+    def set_capacity(self, limit: int, pressure: bool) -> None:
+        self.limit = max(0, limit)
+        self.pressure = pressure
+
+    # -- time passes ----------------------------------------------------------------------
+
+    def poll(self, now: float) -> list[Event]:
+        """Expire leases, demote, refuse the late, and grant while there is room."""
+        events: list[Event] = []
+        for id, held in list(self.held.items()):
+            if held.lease_until <= now:
+                del self.held[id]
+                events.append(Expired(id, held.cls))
+        for w in list(self.waiting.values()):
+            if w.cls in HIGH_CLASSES and now - w.arrived >= self.policy.max_wait_s:
+                w.cls, w.demoted = "standard", True
+                events.append(Demoted(w.ticket.id, w.ticket.cls))
+            if now >= w.deadline_at:
+                self.cancel(w.ticket.id, now)
+                events.append(Refused(w.ticket.id, "timed_out", self.eta(w, now), w.ticket.cls))
+        while len(self.held) < self.limit:
+            ready = [w for w in self.waiting.values() if self._eligible(w, now)]
+            if not ready:
+                break
+            best = min(ready, key=lambda w: self._key(w, now))
+            self.cancel(best.ticket.id, now)
+            self.held[best.ticket.id] = _Held(best.cls, best.ticket.tokens, now + self.policy.lease_s)
+            waited = now - best.arrived
+            events.append(Granted(best.ticket.id, best.cls, best.ticket.cls, waited, best.demoted))
+        return events
+
+    def next_wakeup(self, now: float) -> float | None:
+        """The next time `poll` could change something without a call in between."""
+        times = [h.lease_until for h in self.held.values()]
+        for w in self.waiting.values():
+            times.append(w.deadline_at)
+            if w.cls in HIGH_CLASSES:
+                times.append(w.arrived + self.policy.max_wait_s)
+            if len(self.held) < self.limit:
+                hold = w.arrived + self.policy.pressure_hold_s if self.pressure else w.eligible_at
+                times.append(max(w.eligible_at, hold))
+        later = [t for t in times if t > now]
+        if len(later) < len(times):  # something is due now
+            return now
+        return min(later, default=None)
+
+    # -- estimates ------------------------------------------------------------------------
+
+    def drain_per_s(self, now: float) -> float | None:
+        """Releases per second over the last `drain_window_s`; None until measured."""
+        window = self.policy.drain_window_s
+        while self._releases and self._releases[0] < now - window:
+            self._releases.popleft()
+        if self._first_release is None or len(self._releases) < self.policy.min_drain_samples:
+            return None
+        span = min(window, now - self._first_release)
+        return len(self._releases) / max(span, 0.5)
+
+    def eta(self, entry: _Waiting, now: float) -> float:
+        """Seconds until `entry` would likely get a slot; 0 when it cannot be told yet."""
+        key = self._key(entry, now)
+        ahead = sum(1 for w in self.waiting.values() if w is not entry and self._key(w, now) < key)
+        start = max(0.0, entry.eligible_at - now)
+        if self.pressure:
+            start = max(start, entry.arrived + self.policy.pressure_hold_s - now)
+        behind_slots = ahead + 1 - max(0, self.limit - len(self.held))
+        if behind_slots <= 0:
+            return start
+        rate = self.drain_per_s(now)
+        if rate is None:
+            return start
+        # Higher classes arriving meanwhile will go first: only what they leave drains this one.
+        left = max(0.1 * rate, rate - self._arrival_rate(CLASSES[: CLASSES.index(entry.cls)], now))
+        return max(start, behind_slots / left)
+
+    def _arrival_rate(self, classes: tuple[str, ...], now: float) -> float:
+        if not classes or self._first_arrival is None:
+            return 0.0
+        window = self.policy.drain_window_s
+        span = max(min(window, now - self._first_arrival), 0.5)
+        return sum(sum(1 for t in self._arrivals[c] if t >= now - window) for c in classes) / span
+
+    def eta_for(self, cls: str, now: float, urgent: bool = False) -> float:
+        """The ETA a new request of `cls` would be given now."""
+        probe = _Waiting(Ticket("", cls, urgent), self._seq + 1, now, now, math.inf, cls)
+        return self.eta(probe, now)
+
+    def _make_room(self, entry: _Waiting, now: float) -> list[Event] | None:
+        """Evict worse-ranked requests until `entry` fits; None when it does not rank high enough."""
+        p = self.policy
+        if entry.ticket.tokens > p.max_queued_tokens:
+            return None
+        key = self._key(entry, now)
+        count, tokens = len(self.waiting) + 1, self.queued_tokens + entry.ticket.tokens
+        worst_first = sorted(self.waiting.values(), key=lambda w: self._key(w, now), reverse=True)
+        victims: list[_Waiting] = []
+        for w in worst_first:
+            if count <= p.max_queued and tokens <= p.max_queued_tokens:
+                break
+            if self._key(w, now) <= key:
+                return None
+            victims.append(w)
+            count, tokens = count - 1, tokens - w.ticket.tokens
+        if count > p.max_queued or tokens > p.max_queued_tokens:
+            return None
+        for w in victims:
+            self.cancel(w.ticket.id, now)
+        return [Refused(w.ticket.id, "evicted", self.eta(w, now), w.ticket.cls) for w in victims]
+
+    # -- what an operator sees ------------------------------------------------------------
+
+    def queued_by_class(self) -> dict[str, int]:
+        counts = dict.fromkeys(CLASSES, 0)
+        for w in self.waiting.values():
+            counts[w.cls] += 1
+        return counts
+
+    def oldest_wait_by_class(self, now: float) -> dict[str, float]:
+        oldest = dict.fromkeys(CLASSES, 0.0)
+        for w in self.waiting.values():
+            oldest[w.cls] = max(oldest[w.cls], now - w.arrived)
+        return oldest

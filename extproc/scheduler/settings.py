@@ -1,0 +1,110 @@
+"""The `admission` section of the config: queue policy, capacity sources, token budgets.
+
+Kept beside the scheduler so `config.py` only names the section; the same YAML file
+configures the gate and `llm-gate scheduler`.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from .queue import CLASSES, Policy
+
+DEFAULT_URGENCY_WORDS = ["紧急", "立刻", "马上", "urgent", "asap", "immediately"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class PromptBand(_Strict):
+    """Prompts of up to `max_tokens` tokens (None: any length) take about `vram_gb` each."""
+
+    max_tokens: int | None = Field(default=None, gt=0)
+    vram_gb: float = Field(gt=0)
+
+
+class Capacity(_Strict):
+    # auto: nvml when nvml_devices are listed, vllm when metrics_urls are, static otherwise.
+    source: Literal["auto", "nvml", "vllm", "static"] = "auto"
+    metrics_urls: list[str] = Field(default_factory=list)  # each pool endpoint's /metrics
+    nvml_devices: list[int] = Field(default_factory=list)
+    # Memory in use on those GPUs with no request running (weights, runtime): not KV cache.
+    nvml_baseline_gb: float = Field(default=0.0, ge=0)
+    # Size of one endpoint's KV-cache pool, to express avg_prompt_vram as a share of it.
+    kv_cache_gb: float = Field(default=40.0, gt=0)
+    static_limit: int = Field(default=16, ge=1)
+    refresh_ms: float = Field(default=250.0, gt=0)
+    stale_after_ms: float = Field(default=2000.0, gt=0)
+    timeout_ms: float = Field(default=200.0, gt=0)
+    vram_fraction: float = Field(default=0.7, gt=0, le=1)
+    max_batch: int = Field(default=64, ge=1)
+    prompt_vram_gb: list[PromptBand] = Field(
+        default_factory=lambda: [
+            PromptBand(max_tokens=512, vram_gb=1.2),
+            PromptBand(max_tokens=2048, vram_gb=2.8),
+            PromptBand(vram_gb=4.5),
+        ]
+    )
+    pressure_above: float = Field(default=0.85, gt=0, le=1)
+    # vLLM source: the limit grows by at most this much per reading while vLLM queues nothing.
+    ramp: int = Field(default=2, ge=1)
+    # ...and not within this long of a reading in which vLLM queued requests.
+    probe_hold_ms: float = Field(default=2000.0, ge=0)
+
+
+class PoolAdmission(_Strict):
+    # host:port of this pool's `llm-gate scheduler`; None: the gate queues in-process.
+    scheduler: str | None = None
+    capacity: Capacity = Capacity()
+
+
+class TokenBudget(_Strict):
+    # Tokens per minute by tenant; "*" applies to tenants not listed; none: unlimited.
+    tokens_per_minute: dict[str, int] = Field(default_factory=dict)
+    # Give back what the response's usage shows was not used.
+    reconcile: bool = True
+
+
+class Admission(_Strict):
+    enabled: bool = True
+    pools: dict[str, PoolAdmission] = Field(default_factory=dict)
+    batch_window_ms: dict[str, float] = Field(
+        default_factory=lambda: {"vip": 2.0, "premium": 10.0, "standard": 50.0}
+    )
+    max_wait_ms: float = Field(default=300.0, gt=0)
+    aging_step_ms: float = Field(default=5000.0, gt=0)
+    max_queued: int = Field(default=1024, ge=1)
+    max_queued_tokens: int = Field(default=4_000_000, ge=1)
+    # How long a request of each class may wait for a slot; must stay under Envoy's message_timeout.
+    deadline_ms: dict[str, float] = Field(
+        default_factory=lambda: {"vip": 10_000.0, "premium": 10_000.0, "standard": 10_000.0}
+    )
+    lease_ms: float = Field(default=120_000.0, gt=0)
+    pressure_hold_ms: float = Field(default=200.0, ge=0)
+    urgency_words: list[str] = Field(default_factory=lambda: list(DEFAULT_URGENCY_WORDS))
+    # Output tokens assumed for a request that does not set max_tokens.
+    default_max_tokens: int = Field(default=256, ge=1)
+    # Connecting to / answering from a remote scheduler (besides the queue wait itself).
+    scheduler_timeout_ms: float = Field(default=500.0, gt=0)
+    token_budget: TokenBudget = TokenBudget()
+
+    def pool(self, name: str) -> PoolAdmission:
+        return self.pools.get(name) or PoolAdmission()
+
+    def policy(self) -> Policy:
+        return Policy(
+            batch_window_s={c: self.batch_window_ms.get(c, 0.0) / 1000 for c in CLASSES},
+            max_wait_s=self.max_wait_ms / 1000,
+            aging_step_s=self.aging_step_ms / 1000,
+            max_queued=self.max_queued,
+            max_queued_tokens=self.max_queued_tokens,
+            default_deadline_s=self.deadline_ms.get("standard", 10_000.0) / 1000,
+            lease_s=self.lease_ms / 1000,
+            pressure_hold_s=self.pressure_hold_ms / 1000,
+        )
+
+    def deadline_s(self, cls: str) -> float:
+        return self.deadline_ms.get(cls, self.deadline_ms.get("standard", 10_000.0)) / 1000

@@ -1,0 +1,148 @@
+"""TokenBudget: tokens per minute per tenant, reserved before admission, reconciled after.
+
+A request reserves prompt + max_tokens; 429 with OpenAI's `x-ratelimit-*-tokens` headers
+when the tenant's budget cannot cover it. A failed answer gives everything back; a 2xx
+gives back what its `usage` shows unused (JSON body, or the last SSE usage frame, which
+vLLM sends when the client asked for `stream_options.include_usage`). A failing store
+skips the budget for that request (fail open, counted).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+import redis.asyncio as aioredis
+
+from ..config import Config
+from ..errors import error_reply
+from ..exchange import Exchange, Reply
+from ..metrics import Metrics
+from ..ratelimit.gcra import US, Decision
+from ..redis_conn import timeboxed
+from ..scheduler.budget import Budget, BudgetStore, MemoryBudgets, RedisBudgets
+from ..scheduler.settings import Admission
+from .admission import estimated_tokens
+from .base import Stage
+from .ratelimit import duration
+
+TAIL_BYTES = 16_384  # the usage object sits at the end of a body or stream
+_USAGE = re.compile(rb'"total_tokens"\s*:\s*(\d+)')
+
+
+def used_tokens(tail: bytes) -> int | None:
+    """total_tokens of the last usage object in the body's tail, if any."""
+    found = _USAGE.findall(tail)
+    return int(found[-1]) if found else None
+
+
+def limit_headers(budget: Budget, decision: Decision) -> dict[str, str]:
+    return {
+        "x-ratelimit-limit-tokens": str(budget.per_minute),
+        "x-ratelimit-remaining-tokens": str(decision.remaining),
+        "x-ratelimit-reset-tokens": duration(decision.reset_after),
+    }
+
+
+class TokenBudget(Stage):
+    name = "token_budget"
+
+    def __init__(
+        self,
+        settings: Admission,
+        store: BudgetStore,
+        metrics: Metrics,
+        timeout_s: float,
+        prefix: str = "gate:tb:",
+    ) -> None:
+        self.settings = settings
+        self.store = store
+        self.metrics = metrics
+        self.timeout_s = timeout_s
+        self.prefix = prefix
+        self.reserved: dict[str, tuple[Budget, int]] = {}
+        self.tails: dict[str, bytes] = {}
+
+    @classmethod
+    def from_config(cls, config: Config, metrics: Metrics, redis: aioredis.Redis | None) -> TokenBudget:
+        store: BudgetStore = RedisBudgets(redis) if redis is not None else MemoryBudgets()
+        return cls(config.admission, store, metrics, config.store.op_timeout_ms / 1000)
+
+    def budget_for(self, tenant: str) -> Budget | None:
+        per_tenant = self.settings.token_budget.tokens_per_minute
+        per_minute = per_tenant.get(tenant, per_tenant.get("*"))
+        return None if per_minute is None else Budget(self.prefix + tenant, per_minute)
+
+    async def on_request(self, ex: Exchange) -> Reply | None:
+        budget = self.budget_for(ex.tenant)
+        if budget is None or ex.payload is None:
+            return None
+        cost = estimated_tokens(ex.payload, ex.prompt_tokens, self.settings.default_max_tokens)
+        decision = await timeboxed(
+            self.store.take(budget, cost), None, self.timeout_s, self.metrics, "token_budget"
+        )
+        if decision is None:
+            self.metrics.token_budget.labels("skipped").inc()
+            return None
+        headers = limit_headers(budget, decision)
+        if decision.allowed:
+            self.metrics.token_budget.labels("allowed").inc()
+            self.reserved[ex.request_id] = (budget, cost)
+            ex.client_headers.update(headers)
+            return None
+        self.metrics.token_budget.labels("limited").inc()
+        retry = max(1, math.ceil(decision.retry_after / US))
+        if cost > budget.per_minute:
+            why = f"this request alone needs {cost} tokens (prompt + max_tokens); lower max_tokens"
+        else:
+            why = f"it needs {cost} tokens and {decision.remaining} are left; retry in {retry} s"
+        return error_reply(
+            429,
+            f"Token budget of tenant '{ex.tenant}' reached ({budget.per_minute} tokens per minute): {why}.",
+            type="tokens",
+            code="rate_limit_exceeded",
+            headers={**headers, "retry-after": str(retry)},
+            decision="budget",
+        )
+
+    async def on_response(self, ex: Exchange, status: int, headers: dict[str, str]) -> None:
+        if ex.request_id not in self.reserved:
+            return
+        if status >= 300:
+            await self._give_back(ex.request_id, None)
+        elif self.settings.token_budget.reconcile:
+            ex.capture_body = True
+            self.tails[ex.request_id] = b""
+
+    async def on_response_body(self, ex: Exchange, chunk: bytes, end: bool) -> None:
+        tail = self.tails.get(ex.request_id)
+        if tail is None:
+            return
+        tail = (tail + chunk)[-TAIL_BYTES:]
+        self.tails[ex.request_id] = tail
+        if end:
+            used = used_tokens(tail)
+            if used is None:  # no usage in the answer: the reservation stands
+                self.forget(ex.request_id)
+            else:
+                await self._give_back(ex.request_id, used)
+
+    async def on_done(self, ex: Exchange) -> None:
+        self.forget(ex.request_id)  # ended early: the reservation stands
+
+    def forget(self, request_id: str) -> None:
+        self.tails.pop(request_id, None)
+        self.reserved.pop(request_id, None)
+
+    async def _give_back(self, request_id: str, used: int | None) -> None:
+        """Return all of a reservation (used None on a failure) or its unused part."""
+        held = self.reserved.pop(request_id, None)
+        self.tails.pop(request_id, None)
+        if held is None:
+            return
+        budget, cost = held
+        unused = cost if used is None else cost - used
+        if unused > 0:
+            await timeboxed(
+                self.store.give_back(budget, unused), None, self.timeout_s, self.metrics, "token_budget"
+            )

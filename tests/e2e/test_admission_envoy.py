@@ -1,0 +1,79 @@
+"""Admission through a real Envoy: a pool held at twice its capacity, and a scheduler that dies.
+
+The fuller measurement is `python -m load.bench_admission` (load/results/admission.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+
+import httpx
+
+from load.bench_admission import (
+    Result,
+    by_class,
+    mixed_load,
+    quantile,
+    scrape,
+    sequential,
+    stack_for,
+    start_scheduler,
+)
+from load.stack import Stack, free_port
+
+
+def served(stack: Stack) -> int:
+    return int(httpx.get(stack.sim_url("primary") + "/admin/state").json()["served"])
+
+
+def test_vip_stays_fast_while_standard_absorbs_the_overload() -> None:
+    deadlines = {"vip": 10_000, "premium": 6_000, "standard": 3_000}
+    with stack_for(free_port(), deadline_ms=deadlines) as stack:
+        unloaded = [r.latency for r in asyncio.run(sequential(stack.url, "vip", 8))]
+        before = served(stack)
+        results = asyncio.run(mixed_load(stack.url, rate=32, seconds=5))  # the pool runs ~16/s
+        assert {r.status for r in results} <= {200, 503}, "never a 504, never a lost request"
+        assert served(stack) - before == sum(r.status == 200 for r in results)  # each ran once
+        stats = by_class(results)
+        assert stats["vip"]["shed"] == 0
+        assert stats["vip"]["p99"] < max(3 * quantile(unloaded, 0.99), 1.0), stats
+        assert stats["standard"]["queue_p50_ms"] > stats["vip"]["queue_p50_ms"], stats
+        sheds = [r for r in results if r.status == 503]
+        assert len(sheds) > 20, "twice the capacity for 5 s must shed"
+        assert sum(r.cls == "standard" for r in sheds) >= 0.9 * len(sheds), stats
+        for r in sheds:
+            error = r.body["error"]
+            assert error["type"] == "overloaded" and isinstance(error["eta_ms"], int) and error["eta_ms"] > 0
+            assert int(r.headers["retry-after"]) >= 1
+            assert r.latency < 4.5  # at once, or at its 3 s budget: long before Envoy's timeout
+        assert all("x-gate-queue-ms" in r.headers for r in results if r.status == 200)
+
+
+def test_killing_the_scheduler_loses_nothing_and_a_restart_resumes_queueing() -> None:
+    port, first_metrics, second_metrics = free_port(), free_port(), free_port()
+    with stack_for(free_port(), pools={"primary": {"scheduler": f"127.0.0.1:{port}"}}) as stack:
+        config = stack.workdir / "gate.yaml"
+        start_scheduler(stack, config, port, first_metrics)
+        with httpx.Client(base_url=stack.url, timeout=10) as client:
+            body = {"model": "llama-3-8b", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}
+            r = client.post("/v1/chat/completions", json=body, headers={"authorization": "Bearer sk-vip"})
+            assert r.status_code == 200 and "x-gate-queue-ms" in r.headers  # queued through the scheduler
+        before = served(stack)
+
+        async def run() -> list[Result]:
+            load = asyncio.create_task(mixed_load(stack.url, rate=20, seconds=6))
+            await asyncio.sleep(1.5)
+            os.killpg(stack.procs["scheduler"].pid, signal.SIGKILL)
+            stack.procs.pop("scheduler").wait(5)
+            await asyncio.sleep(2.0)
+            await asyncio.to_thread(start_scheduler, stack, config, port, second_metrics)
+            return await load
+
+        results = asyncio.run(run())
+        assert {r.status for r in results} <= {200, 503}
+        assert served(stack) - before == sum(r.status == 200 for r in results)  # none lost, none twice
+        gate = stack.metrics_ports[0]
+        assert scrape(gate, "gate_admission_total", 'outcome="fail_open"') > 0
+        assert scrape(second_metrics, "gate_queue_grants_total") > 0  # the restarted one queues again

@@ -1,0 +1,119 @@
+"""The admission stage with the embedded queue, and with an unreachable scheduler."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import orjson
+import pytest
+
+from extproc.config import Config
+from extproc.exchange import Exchange
+from extproc.metrics import Metrics
+from extproc.stages.admission import Admission, estimated_tokens, is_urgent, last_user_text
+from load.stack import free_port
+
+DEFAULT_WORDS = Config().admission.urgency_words
+
+
+def exchange(id: str, priority: str = "standard", content: str = "hello", **payload: Any) -> Exchange:
+    ex = Exchange(method="POST", path="/v1/chat/completions", headers={}, request_id=id)
+    ex.payload = {"model": "m", "messages": [{"role": "user", "content": content}], **payload}
+    ex.pool, ex.priority, ex.prompt_tokens = "primary", priority, 5
+    return ex
+
+
+def admission(**section: Any) -> Admission:
+    windows = {"batch_window_ms": {"vip": 0, "premium": 0, "standard": 0}}
+    config = Config.model_validate({"admission": {**windows, **section}})
+    return Admission.from_config(config, Metrics())
+
+
+@pytest.mark.parametrize(
+    ("text", "urgent"),
+    [
+        ("请马上回复", True),
+        ("这个很紧急", True),
+        ("Please answer ASAP", True),
+        ("URGENT: server down", True),
+        ("tell me a story", False),
+        ("立即", False),  # not in the default list
+    ],
+)
+def test_urgency_words(text: str, urgent: bool) -> None:
+    assert is_urgent(text, DEFAULT_WORDS) is urgent
+
+
+def test_the_last_user_message_decides_urgency() -> None:
+    payload = {
+        "messages": [
+            {"role": "user", "content": "urgent"},
+            {"role": "assistant", "content": "ok"},
+            {"role": "user", "content": "thanks"},
+        ]
+    }
+    assert last_user_text(payload) == "thanks"
+    assert last_user_text({"prompt": "asap please"}) == "asap please"
+
+
+def test_estimated_tokens_reserve_prompt_and_output() -> None:
+    assert estimated_tokens({"max_tokens": 100}, 20, 256) == 120
+    assert estimated_tokens({"max_completion_tokens": 50, "n": 2}, 20, 256) == 120
+    assert estimated_tokens({}, 20, 256) == 276
+
+
+async def test_full_pool_queues_then_sheds_with_an_overloaded_reply() -> None:
+    stage = admission(max_queued=1, pools={"primary": {"capacity": {"static_limit": 1}}})
+    first = exchange("first")
+    assert await stage.on_request(first) is None
+    assert "x-gate-queue-ms" in first.client_headers
+    second = exchange("second", "vip")
+    waiting = asyncio.create_task(stage.on_request(second))
+    await asyncio.sleep(0.05)
+    assert not waiting.done()
+    reply = await stage.on_request(exchange("third"))
+    assert reply is not None and reply.status == 503
+    error = orjson.loads(reply.body)["error"]
+    assert error["type"] == "overloaded" and error["eta_ms"] >= 1 and "Retry after" in error["message"]
+    assert int(reply.headers["retry-after"]) >= 1
+    first.status = 200
+    await stage.on_done(first)
+    assert await asyncio.wait_for(waiting, 2) is None
+    assert int(second.client_headers["x-gate-queue-ms"]) >= 40
+    await stage.on_done(second)
+    await stage.on_done(second)  # a second on_done releases nothing more
+    assert stage.embedded["primary"].status().in_flight == 0
+    await stage.embedded["primary"].stop()
+
+
+async def test_a_client_that_goes_away_while_queued_frees_its_place() -> None:
+    stage = admission(pools={"primary": {"capacity": {"static_limit": 1}}})
+    held = exchange("held")
+    await stage.on_request(held)
+    gone = exchange("gone")
+    waiting = asyncio.create_task(stage.on_request(gone))
+    await asyncio.sleep(0.02)
+    waiting.cancel()
+    await asyncio.gather(waiting, return_exceptions=True)
+    await stage.on_done(gone)
+    local = stage.embedded["primary"]
+    assert sum(local.status().queued.values()) == 0
+    await stage.on_done(held)
+    assert local.status().in_flight == 0
+    await local.stop()
+
+
+async def test_unreachable_scheduler_admits_without_queueing() -> None:
+    stage = admission(pools={"primary": {"scheduler": f"127.0.0.1:{free_port()}"}})
+    ex = exchange("a")
+    assert await stage.on_request(ex) is None
+    assert "x-gate-queue-ms" not in ex.client_headers
+    assert stage.metrics.admission.labels("primary", "fail_open")._value.get() == 1
+    await stage.on_done(ex)
+
+
+async def test_disabled_admission_does_nothing() -> None:
+    stage = admission(enabled=False)
+    assert await stage.on_request(exchange("a")) is None
+    assert not stage.pools
