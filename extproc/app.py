@@ -6,13 +6,20 @@ import asyncio
 import logging
 import signal
 
+from .breaker.adaptive import AdaptiveLimit
+from .cache.setup import cache_stage
 from .config import Config
 from .metrics import Metrics
 from .pipeline import Pipeline
+from .redis_conn import connect
 from .server import mark_serving, start_server
+from .stages.admission import Admission
+from .stages.breaker import Breaker
 from .stages.identity import Identity
 from .stages.prompt_limit import PromptLimit
+from .stages.ratelimit import RateLimit
 from .stages.route import Route
+from .stages.token_budget import TokenBudget
 from .stages.validate import Validate
 from .tokens import TokenCounter
 
@@ -22,12 +29,22 @@ log = logging.getLogger("llm_gate")
 def build_pipeline(config: Config, metrics: Metrics) -> Pipeline:
     """The request path, in order. Adding a stage is one line here."""
     v, r = config.validation, config.routing
+    redis = connect(config.store)  # one client per process, shared by the stages
+    breaker = Breaker.from_config(config, metrics)
+    admission = Admission.from_config(config, metrics)
     stages = [
         Identity(config.identity),
         Validate(v),
+        RateLimit.from_config(config, metrics, redis),
         Route(r),
         PromptLimit(r, v.max_prompt_tokens, TokenCounter(v.tokenizer)),
+        breaker,  # may move the request to the fallback pool
+        cache_stage(config, metrics, redis),  # scoped by the model that will answer
+        TokenBudget.from_config(config, metrics, redis),
+        admission,  # misses only: wait for a slot of the chosen pool
     ]
+    # The seed's adaptive limit: a pool slowing down under load gets fewer slots.
+    breaker.breakers.subscribe(AdaptiveLimit(config.breaker, admission.set_capacity_factor))
     return Pipeline(stages, r.handled_paths, metrics)
 
 

@@ -70,6 +70,12 @@ def main(argv: list[str] | None = None) -> int:
         ("sim", "load.vllm_sim", "run the vLLM simulator"),
         ("envoy-config", "extproc.envoy_config", "write an Envoy bootstrap for the gate"),
         ("demo", "load.demo", "run the whole stack on loopback and show what it does"),
+        ("cache-purge", "extproc.cache.purge", "drop cached answers by tenant, model or x-gate-cache-key"),
+        ("blocks", "extproc.ratelimit.admin", "list or lift repeated-prompt blocks"),
+        ("calibrate", "extproc.dedup.calibrate", "fit the dedup verifier on labelled pairs and report"),
+        ("build-models", "extproc.embed.build", "build the embedding models (ONNX) from installed packages"),
+        ("breaker", "extproc.breaker.admin", "show or force the latency breaker of each pool"),
+        ("scheduler", "extproc.scheduler.service", "run the admission scheduler of one pool"),
     ):
         p = sub.add_parser(name, help=text, add_help=False)
         p.set_defaults(func=None, target=target)

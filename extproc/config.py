@@ -11,6 +11,8 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from .scheduler.settings import Admission
+
 Tier = Literal["vip", "premium", "standard"]
 TIERS: tuple[Tier, ...] = ("vip", "premium", "standard")
 
@@ -104,12 +106,149 @@ class Store(Strict):
     op_timeout_ms: float = Field(default=5.0, gt=0)
 
 
+class RequestRate(Strict):
+    rate: float = Field(gt=0)  # requests per second, sustained
+    burst: int = Field(ge=1)  # requests at once from a full bucket
+
+
+class TierLimits(Strict):
+    tenant: RequestRate | None = None
+    user: RequestRate | None = None  # per user (x-user-id or the key's user) and route
+    ip: RequestRate | None = None
+
+
+class RepeatBlock(Strict):
+    # One caller sending the same normalised prompt more than `max_repeats` times in
+    # `window_s` is blocked for `block_s`. Off by default: load tests and services that
+    # repeat a prompt on purpose (the dedup cache makes that cheap) would be blocked.
+    enabled: bool = False
+    max_repeats: int = Field(default=10, ge=1, le=1000)  # arrivals are kept one by one
+    window_s: float = Field(default=1.0, gt=0, le=3600)
+    block_s: float = Field(default=60.0, gt=0)
+
+
+class RateLimit(Strict):
+    enabled: bool = True
+    tiers: dict[Tier, TierLimits] = Field(default_factory=dict)
+    routes: dict[str, RequestRate] = Field(default_factory=dict)  # per path, shared by every caller
+    repeat: RepeatBlock = RepeatBlock()
+    # Proxies in front of Envoy whose x-forwarded-for entries are trusted (Envoy appends its peer).
+    trusted_hops: int = Field(default=0, ge=0)
+    # Paths answered 503 when the store cannot be reached; elsewhere limits are skipped.
+    fail_closed_paths: list[str] = Field(default_factory=list)
+    key_prefix: str = "gate:rl:"
+
+
+class Webhook(Strict):
+    url: str
+    headers: dict[str, str] = Field(default_factory=dict)
+    timeout_s: float = Field(default=2.0, gt=0)  # one attempt
+    retries: int = Field(default=4, ge=0)
+    backoff_s: float = Field(default=0.5, gt=0)  # doubles per retry, with jitter
+    deadline_s: float = Field(default=30.0, gt=0)  # all attempts of one notice together
+
+
+class AdaptiveLimit(Strict):
+    """While a pool's breaker is CLOSED: P95 above breaker.close_p95_s with throughput below
+    `drop` × its recent peak shrinks admission capacity by `decrease`, down to `floor`;
+    a P95 back under close_p95_s grows it by `increase` per sync tick, up to all of it."""
+
+    enabled: bool = True
+    floor: float = Field(default=0.25, gt=0, le=1)
+    decrease: float = Field(default=0.8, gt=0, lt=1)
+    increase: float = Field(default=0.05, gt=0, le=1)
+    drop: float = Field(default=0.9, gt=0, le=1)
+    peak_half_life_s: float = Field(default=60.0, gt=0)
+
+
+class Breaker(Strict):
+    """Latency circuit breaker per pool (extproc/breaker/); seed values as defaults."""
+
+    enabled: bool = True
+    window_s: float = Field(default=60.0, gt=0)
+    slices: int = Field(default=20, ge=1, le=600)  # the window moves one slice at a time
+    min_samples: int = Field(default=20, ge=1)
+    open_p95_s: float = Field(default=2.5, gt=0)
+    close_p95_s: float = Field(default=1.8, gt=0)
+    max_error_rate: float = Field(default=0.2, gt=0, le=1)
+    hold_s: float = Field(default=30.0, ge=0)  # least time in CLOSED or OPEN
+    recovery_s: float = Field(default=300.0, ge=0)  # P95 under close_p95_s this long → CLOSED
+    probe_share: float = Field(default=0.01, ge=0, le=1)  # HALF_OPEN: share sent to the primary
+    probe_interval_s: float | None = Field(default=5.0, gt=0)  # and at least one probe this often
+    probe_min_samples: int = Field(default=5, ge=1)
+    # Streams: "ttft" streams the response body through the gate to time the first chunk;
+    # "total" times the whole stream for free. JSON is always total (headers come last).
+    stream_signal: Literal["ttft", "total"] = "ttft"
+    sync_interval_s: float = Field(default=0.5, gt=0, le=1.0)
+    sync_timeout_ms: float = Field(default=250.0, gt=0)
+    key_prefix: str = "gate:breaker:"
+    webhook: Webhook | None = None
+    adaptive: AdaptiveLimit = AdaptiveLimit()
+
+    @model_validator(mode="after")
+    def _close_below_open(self) -> Breaker:
+        if self.close_p95_s > self.open_p95_s:
+            raise ValueError("close_p95_s must not exceed open_p95_s")
+        return self
+
+
+class CacheCoalesce(Strict):
+    enabled: bool = True
+    # A follower waits for its leader at most this long, and never past its admission deadline
+    # (admission.deadline_ms of its class): as long as it would have waited for a slot.
+    max_wait_s: float = Field(default=30.0, gt=0)
+    lease_s: float = Field(default=10.0, gt=0)  # renewed while the leader's answer arrives
+    poll_ms: float = Field(default=5.0, gt=0)  # first re-check of the store; doubles up to poll_max_ms
+    poll_max_ms: float = Field(default=100.0, gt=0)
+
+
+class CacheSemantic(Strict):
+    enabled: bool = True
+    embedder: str = "minilm"  # a name known to extproc.embed.load_embedder
+    model_dir: Path | None = None  # None: $LLM_GATE_MODEL_DIR or ~/.cache/llm-gate/models
+    build_missing: bool = True  # build the model at start when it is not there (a few seconds)
+    policy_file: Path | None = None  # None: the shipped calibration (extproc/dedup/verifier.json)
+    target_precision: float = Field(default=0.95, gt=0, le=1)
+    # LSH: None chooses rows/bands for the policy's lowest cosine floor at lsh_recall.
+    lsh_rows: int | None = Field(default=None, ge=1, le=63)
+    lsh_bands: int | None = Field(default=None, ge=1, le=256)
+    lsh_recall: float = Field(default=0.995, gt=0, lt=1)
+    lsh_seed: int = 0
+    max_candidates: int = Field(default=128, ge=1)  # load/results/lsh_recall.md
+    embed_timeout_ms: float = Field(default=500.0, gt=0)
+    batch_window_ms: float = Field(default=1.0, ge=0)
+
+
+class Cache(Strict):
+    """Exact + semantic answer cache and in-flight coalescing (extproc/cache/)."""
+
+    enabled: bool = True
+    shared_across_tenants: bool = False  # True: every tenant reads every tenant's answers
+    ttl_s: float = Field(default=3600.0, gt=0)
+    max_entries_per_scope: int = Field(default=10_000, ge=1)
+    max_entry_bytes: int = Field(default=1_048_576, gt=0)
+    max_temperature: float = Field(default=1.0, ge=0)  # no temperature in the request counts as 1.0
+    cache_tool_calls: bool = False
+    alias_ttl_s: float = Field(default=300.0, gt=0)  # a paraphrase's own exact entry
+    # Time box of each cache store call. Longer than store.op_timeout_ms: a hit saves a whole
+    # generation, and under a burst the event loop itself delays replies by tens of ms, so a
+    # few ms would skip the cache exactly when a burst needs coalescing. Redis down fails fast
+    # (connection refused), and after one failure a request skips the cache's other calls.
+    op_timeout_ms: float = Field(default=50.0, gt=0)
+    coalesce: CacheCoalesce = CacheCoalesce()
+    semantic: CacheSemantic = CacheSemantic()
+
+
 class Config(Strict):
     server: Server = Server()
     store: Store = Store()
     identity: Identity = Identity()
     validation: Validation = Validation()
     routing: Routing = Routing()
+    breaker: Breaker = Breaker()
+    ratelimit: RateLimit = RateLimit()
+    cache: Cache = Cache()
+    admission: Admission = Admission()
 
 
 class ConfigError(Exception):

@@ -75,6 +75,34 @@ def ext_proc_filter(failure_mode_allow: bool, message_timeout_s: float) -> dict[
     }
 
 
+# The network-level layer beneath the gate's latency breaker: Envoy retries calls that
+# failed outright (reset, refused, 5xx) within a budget, ejects endpoints that keep
+# failing, and caps what one pool cluster may hold. The gate's breaker acts on slowness,
+# which none of these see; it only counts what is left after Envoy's retries.
+def retry_policy() -> dict[str, Any]:
+    return {
+        "retry_on": "reset,connect-failure,refused-stream,5xx",
+        "num_retries": 2,
+        "retry_back_off": {"base_interval": "0.1s", "max_interval": "1s"},
+    }
+
+
+def pool_protection() -> dict[str, Any]:
+    # Retries in flight may be at most 20% of the requests in flight (at least 3).
+    budget = {"budget_percent": {"value": 20.0}, "min_retry_concurrency": 3}
+    limits = {"max_connections": 1024, "max_pending_requests": 1024, "max_requests": 1024}
+    return {
+        "circuit_breakers": {"thresholds": [{"priority": "DEFAULT", **limits, "retry_budget": budget}]},
+        "outlier_detection": {
+            "consecutive_5xx": 5,
+            "consecutive_gateway_failure": 3,
+            "interval": "5s",
+            "base_ejection_time": "30s",
+            "max_ejection_percent": 50,
+        },
+    }
+
+
 def pool_cluster(name: str, addresses: list[tuple[str, int]]) -> dict[str, Any]:
     return {
         "name": name,
@@ -82,6 +110,7 @@ def pool_cluster(name: str, addresses: list[tuple[str, int]]) -> dict[str, Any]:
         "connect_timeout": "1s",
         "lb_policy": "LEAST_REQUEST",
         "load_assignment": {"cluster_name": name, **_endpoints(addresses)},
+        **pool_protection(),
     }
 
 
@@ -92,11 +121,12 @@ def routes(pools: list[str], default: str) -> list[dict[str, Any]]:
                 "prefix": "/",
                 "headers": [{"name": "x-gate-cluster", "string_match": {"exact": pool}}],
             },
-            "route": {"cluster": pool, "timeout": "300s"},
+            "route": {"cluster": pool, "timeout": "300s", "retry_policy": retry_policy()},
         }
         for pool in pools
     ]
-    return [*by_header, {"match": {"prefix": "/"}, "route": {"cluster": default, "timeout": "300s"}}]
+    fallthrough = {"cluster": default, "timeout": "300s", "retry_policy": retry_policy()}
+    return [*by_header, {"match": {"prefix": "/"}, "route": fallthrough}]
 
 
 def bootstrap(
@@ -221,6 +251,8 @@ INCLUDE_HEADER = """\
 # HTTP connection manager, add `clusters[0]`, and route on the `x-gate-cluster` header
 # (one route per pool cluster). Keep per_connection_buffer_limit_bytes at or above the
 # gate's validation.max_body_bytes (1 MiB by default).
+# For your pool clusters and routes, copy the retry_policy, circuit_breakers and
+# outlier_detection of envoy/envoy.yaml: the network-level layer beneath the gate's breaker.
 """
 
 

@@ -16,8 +16,11 @@ def error_reply(
     code: str | None = None,
     headers: dict[str, str] | None = None,
     decision: str = "reject",
+    extra: dict[str, object] | None = None,
 ) -> Reply:
-    body = orjson.dumps({"error": {"message": message, "type": type, "param": param, "code": code}})
+    """`extra` adds fields to the error object (e.g. `eta_ms` of an overloaded reply)."""
+    error = {"message": message, "type": type, "param": param, "code": code, **(extra or {})}
+    body = orjson.dumps({"error": error})
     all_headers = {"content-type": "application/json"}
     all_headers.update(headers or {})
     return Reply(status=status, body=body, headers=all_headers, decision=decision)

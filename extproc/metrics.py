@@ -53,7 +53,7 @@ class Metrics:
 
         self.ratelimit_decisions = Counter(
             "gate_ratelimit_decisions",
-            "Rate-limit decisions: result (allowed, limited, blocked, skipped), the limit that decided, tier.",
+            "Rate-limit decisions by result (allowed, limited, blocked, skipped), deciding limit, tier.",
             ["result", "limit", "tier"],
             registry=r,
         )
@@ -137,6 +137,92 @@ class Metrics:
             "Requests that took the exact path only, by reason (unreadable, language_off, embed_error).",
             ["reason"],
             registry=r,
+        )
+        self.embed_batch_size = Histogram(
+            "gate_embed_batch_size",
+            "Texts per embedding batch (micro-batched across streams).",
+            buckets=(1, 2, 4, 8, 16, 32, 64),
+            registry=r,
+        )
+        self.embed_seconds = Histogram(
+            "gate_embed_seconds", "Inference time of one embedding batch.", buckets=FAST_BUCKETS, registry=r
+        )
+        self.embed_queue_seconds = Histogram(
+            "gate_embed_queue_seconds",
+            "How long a text waited for its embedding batch to start.",
+            buckets=FAST_BUCKETS,
+            registry=r,
+        )
+
+        # Admission queue (the scheduler service, or the gate's embedded queue).
+        self.queue_length = Gauge(
+            "gate_queue_length", "Requests waiting for a slot.", ["pool", "class"], registry=r
+        )
+        self.queue_wait = Histogram(
+            "gate_queue_wait_seconds",
+            "Time from arrival to grant in the admission queue, by granted class.",
+            ["pool", "class"],
+            buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0),
+            registry=r,
+        )
+        self.queue_grants = Counter("gate_queue_grants", "Slots granted.", ["pool", "class"], registry=r)
+        self.queue_sheds = Counter(
+            "gate_queue_sheds",
+            "Requests refused by the queue: queue_full, deadline, evicted, timed_out.",
+            ["pool", "class", "reason"],
+            registry=r,
+        )
+        self.queue_demotions = Counter(
+            "gate_queue_demotions",
+            "High-class requests demoted after max wait.",
+            ["pool", "class"],
+            registry=r,
+        )
+        self.queue_lease_expiries = Counter(
+            "gate_queue_lease_expiries",
+            "Grants released by lease expiry (a gate died).",
+            ["pool"],
+            registry=r,
+        )
+        self.queue_in_flight = Gauge(
+            "gate_queue_in_flight", "Slots granted, not released.", ["pool"], registry=r
+        )
+        self.pool_capacity = Gauge(
+            "gate_pool_capacity",
+            "Slots the pool may hold now, by where the figure came from.",
+            ["pool", "source"],
+            registry=r,
+        )
+        self.pool_reading_age = Gauge(
+            "gate_pool_reading_age_seconds", "Age of the capacity reading in use.", ["pool"], registry=r
+        )
+        self.pool_memory_used = Gauge(
+            "gate_pool_memory_used_ratio",
+            "GPU memory or KV-cache use of the pool, 0..1.",
+            ["pool"],
+            registry=r,
+        )
+        self.admission = Counter(
+            "gate_admission",
+            "Gate-side admission outcomes: granted, shed, fail_open, budget.",
+            ["pool", "outcome"],
+            registry=r,
+        )
+        self.admission_wait = Histogram(
+            "gate_admission_wait_seconds",
+            "Queue wait as the gate saw it (x-gate-queue-ms), by requested class.",
+            ["class"],
+            buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0),
+            registry=r,
+        )
+        self.scheduler_errors = Counter(
+            "gate_scheduler_errors",
+            "Calls to a remote scheduler that failed.",
+            ["pool", "op", "code"],
+            registry=r,
+        )
+        self.token_budget = Counter(
+            "gate_token_budget", "Token budget decisions: allowed, limited, skipped.", ["result"], registry=r
         )
 
     def serve(self, port: int, host: str = "127.0.0.1") -> None:

@@ -12,6 +12,9 @@ from collections.abc import Awaitable
 from typing import TypeVar
 
 import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 
 from .config import Store
@@ -31,6 +34,10 @@ def connect(config: Store) -> aioredis.Redis | None:
         socket_connect_timeout=max(timeout, 0.05),
         retry_on_timeout=False,
         health_check_interval=0,
+        # After a Redis restart every idle pooled connection is dead and fails its next
+        # command once; one immediate retry on a fresh connection hides that.
+        retry=Retry(NoBackoff(), 1),
+        retry_on_error=[RedisConnectionError],
     )
 
 

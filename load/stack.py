@@ -32,6 +32,20 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def free_ports(count: int) -> int:
+    """The first of `count` consecutive free ports (gate worker i listens on port + i)."""
+    for _ in range(50):
+        first = free_port()
+        try:
+            for i in range(1, count):
+                with socket.socket() as s:
+                    s.bind((LOOPBACK, first + i))
+        except OSError:
+            continue
+        return first
+    raise OSError(f"no {count} consecutive free ports on {LOOPBACK}")
+
+
 def wait_port(port: int, timeout: float, proc: subprocess.Popen[bytes] | None = None) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -155,9 +169,11 @@ class Stack:
 
     def write_gate_config(self) -> Path:
         if not self.gate_ports:
-            first = free_port()
+            first = free_ports(self.gate_workers)
             self.gate_ports = [first + i for i in range(self.gate_workers)]
-            metrics = free_port()
+            metrics = free_ports(self.gate_workers)
+            while metrics in range(first - self.gate_workers + 1, first + self.gate_workers):
+                metrics = free_ports(self.gate_workers)  # the two ranges must not overlap
             self.metrics_ports = [metrics + i for i in range(self.gate_workers)]
         config = _merge(
             {

@@ -1,0 +1,1 @@
+"""The answer cache: scope and keys, stores (memory, Redis), LSH, capture, replay, coalescing."""

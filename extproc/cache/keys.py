@@ -1,0 +1,93 @@
+"""Cache scope and keys: pure functions of the request.
+
+The scope holds everything that may change the answer except the last user message:
+tenant (unless shared), path, model, every sampling parameter, system prompt, tool
+schema and every earlier turn. Only the last user message is compared, first as text
+(normalised), then by meaning. Fields that change only the framing of the answer
+(`stream`, `stream_options`, `user`) stay out of the scope, so a streaming caller can be
+answered from a non-streaming one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import unicodedata
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+# Framing-only fields: they change how the answer is delivered, never what it says.
+FRAMING_FIELDS = frozenset({"stream", "stream_options", "user", "metadata", "store"})
+_SPACE = re.compile(r"\s+")
+
+
+def normalise(text: str) -> str:
+    """NFKC, case-folded, whitespace collapsed: the exact-key form of a message."""
+    return _SPACE.sub(" ", unicodedata.normalize("NFKC", text).casefold()).strip()
+
+
+def digest(*parts: bytes) -> str:
+    h = hashlib.blake2b(digest_size=16)
+    for part in parts:
+        h.update(len(part).to_bytes(8, "little"))
+        h.update(part)
+    return h.hexdigest()
+
+
+@dataclass(frozen=True)
+class Question:
+    """The comparable part of a request: its scope and the last user message."""
+
+    scope: str  # hex digest of everything else
+    text: str | None  # the last user message; None when the request has none to compare
+    model: str
+    tenant: str  # the scope's tenant ("*" when shared)
+
+
+def _text_parts(content: Any) -> str | None:
+    """A message's text, or None when it holds anything but text (images, audio)."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text" for p in content):
+        return " ".join(str(p["text"]) for p in content)
+    return None
+
+
+def split_last(payload: dict[str, Any]) -> tuple[Any, str | None]:
+    """(the part of the prompt that goes into the scope, the comparable last message)."""
+    messages = payload.get("messages")
+    if isinstance(messages, list) and messages:
+        last = messages[-1]
+        if isinstance(last, dict) and last.get("role") == "user" and set(last) <= {"role", "content"}:
+            text = _text_parts(last.get("content"))
+            if text is not None:
+                return messages[:-1], text
+        return messages, None
+    prompt = payload.get("prompt")
+    if isinstance(prompt, str):
+        return None, prompt
+    return prompt, None
+
+
+def question(payload: dict[str, Any], path: str, tenant: str, shared: bool) -> Question:
+    earlier, text = split_last(payload)
+    rest = {k: v for k, v in payload.items() if k not in FRAMING_FIELDS and k not in ("messages", "prompt")}
+    scope_tenant = "*" if shared else tenant
+    scope = digest(
+        scope_tenant.encode(),
+        path.encode(),
+        orjson.dumps(rest, option=orjson.OPT_SORT_KEYS),
+        orjson.dumps(earlier, option=orjson.OPT_SORT_KEYS),
+        b"" if text is None else b"text",
+    )
+    return Question(scope=scope, text=text, model=str(payload.get("model", "")), tenant=scope_tenant)
+
+
+def exact_key(q: Question, canon: Callable[[str], str] = normalise) -> str:
+    """Scope + the normalised last message (with no text to compare, the scope holds it all)."""
+    if q.text is None:
+        return digest(q.scope.encode(), b"none")
+    return digest(q.scope.encode(), canon(q.text).encode())

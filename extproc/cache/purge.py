@@ -1,0 +1,64 @@
+"""`llm-gate cache-purge`: drop cached answers by tenant, model, or one key.
+
+The key is the value of the `x-gate-cache-key` response header (`<scope>.<key>`). Purges act
+on the shared Redis store; the in-process store lives and dies with each gate process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from pathlib import Path
+
+import redis.asyncio as aioredis
+
+from ..config import ConfigError, load_config
+from .redis_store import RedisStore
+
+
+async def purge(url: str, tenant: str | None, model: str | None, key: str | None) -> int:
+    store = RedisStore(aioredis.Redis.from_url(url, socket_timeout=10))
+    try:
+        if key is not None:
+            scope, _, entry = key.partition(".")
+            return await store.purge(scope=scope, key=entry)
+        return await store.purge(tenant=tenant, model=model)
+    finally:
+        await store.aclose()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="llm-gate cache-purge", description=__doc__.split("\n")[0])
+    parser.add_argument("--config", type=Path, help="gate config (for store.redis_url)")
+    parser.add_argument("--redis-url", help="overrides the config's store.redis_url")
+    parser.add_argument("--tenant", help="every answer cached for this tenant ('*': the shared scope)")
+    parser.add_argument("--model", help="every answer of this model (with --tenant: of both)")
+    parser.add_argument("--key", help="one answer: the x-gate-cache-key header of a response")
+    args = parser.parse_args(argv)
+    if args.key is None and args.tenant is None and args.model is None:
+        parser.error("say what to purge: --tenant, --model, or --key")
+    if args.key is not None and "." not in args.key:
+        parser.error("--key takes the x-gate-cache-key header value: <scope>.<key>")
+    url = args.redis_url
+    if url is None:
+        try:
+            url = load_config(args.config).store.redis_url
+        except ConfigError as exc:
+            print("\n".join(exc.problems), file=sys.stderr)
+            return 2
+    if url is None:
+        print("no store.redis_url: the in-process cache lives in each gate process; restarting the gate "
+              "empties it", file=sys.stderr)
+        return 2
+    try:
+        dropped = asyncio.run(purge(url, args.tenant, args.model, args.key))
+    except (OSError, aioredis.RedisError) as exc:
+        print(f"cannot reach the store at {url}: {exc}", file=sys.stderr)
+        return 1
+    print(f"purged {dropped} cached answer(s)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

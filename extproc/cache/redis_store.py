@@ -1,0 +1,208 @@
+"""The cache store on plain Redis (no modules): one Lua script per atomic step.
+
+Every key of a scope carries the scope as its hash tag (`gate:c:{<scope>}:...`), so a
+scope lives in one slot of a Redis Cluster and each script touches one slot.
+
+  e:<key>     the entry (PX ttl)            l:<key>   the lease: the leader's token (PX)
+  z           key -> expiry ms (size bound and live check)
+  v / s       key -> vector bytes / the key's band names
+  b:<band>    keys in one LSH bucket
+Outside the scopes: `gate:c:t:<tenant>` and `gate:c:m:<model>` list a tenant's and a model's
+scopes, for purges.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import redis.asyncio as aioredis
+
+from .store import Lookup, Put
+
+PREFIX = "gate:c:"
+
+_NOW = "local t = redis.call('TIME'); local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)\n"
+
+_DROP = """
+local function drop(p, k)
+  redis.call('DEL', p .. 'e:' .. k)
+  local sigs = redis.call('HGET', p .. 's', k)
+  if sigs then
+    for band in string.gmatch(sigs, '%S+') do redis.call('SREM', p .. 'b:' .. band, k) end
+  end
+  redis.call('HDEL', p .. 'v', k)
+  redis.call('HDEL', p .. 's', k)
+  redis.call('ZREM', p .. 'z', k)
+end
+"""
+
+LOOKUP = """
+local e = redis.call('GET', KEYS[1])
+if e then return {'hit', e} end
+if ARGV[1] == '' then return {'none', ''} end
+if redis.call('SET', KEYS[2], ARGV[1], 'NX', 'PX', ARGV[2]) then return {'leader', ''} end
+return {'follower', ''}
+"""
+
+CANDIDATES = _NOW + """
+local limit, out, votes = tonumber(ARGV[1]), {}, {}
+for i = 3, #KEYS do
+  for _, k in ipairs(redis.call('SMEMBERS', KEYS[i])) do votes[k] = (votes[k] or 0) + 1 end
+end
+local by = {}
+for k, n in pairs(votes) do
+  local group = by[n]
+  if group then group[#group + 1] = k else by[n] = {k} end
+end
+for n = #KEYS - 2, 1, -1 do
+  local group = by[n]
+  if group then
+    table.sort(group)
+    for _, k in ipairs(group) do
+      local exp = redis.call('ZSCORE', KEYS[1], k)
+      if exp and tonumber(exp) > now then
+        local v = redis.call('HGET', KEYS[2], k)
+        if v then
+          out[#out + 1] = k
+          out[#out + 1] = v
+          if #out >= 2 * limit then return out end
+        end
+      end
+    end
+  end
+end
+return out
+"""
+
+PUT = _NOW + _DROP + """
+local p, k, ttl, token, max = ARGV[1], ARGV[2], tonumber(ARGV[4]), ARGV[5], tonumber(ARGV[6])
+drop(p, k)
+redis.call('SET', p .. 'e:' .. k, ARGV[3], 'PX', ttl)
+if token ~= '' and redis.call('GET', p .. 'l:' .. k) == token then redis.call('DEL', p .. 'l:' .. k) end
+redis.call('ZADD', p .. 'z', now + ttl, k)
+if ARGV[7] ~= '' then
+  redis.call('HSET', p .. 'v', k, ARGV[7])
+  local names = {}
+  for i = 8, #ARGV do
+    redis.call('SADD', p .. 'b:' .. ARGV[i], k)
+    redis.call('PEXPIRE', p .. 'b:' .. ARGV[i], ttl)
+    names[#names + 1] = ARGV[i]
+  end
+  redis.call('HSET', p .. 's', k, table.concat(names, ' '))
+end
+for _, name in ipairs({'z', 'v', 's'}) do
+  if redis.call('PTTL', p .. name) < ttl then redis.call('PEXPIRE', p .. name, ttl) end
+end
+for _, old in ipairs(redis.call('ZRANGEBYSCORE', p .. 'z', '-inf', now, 'LIMIT', 0, 100)) do drop(p, old) end
+local over = redis.call('ZCARD', p .. 'z') - max
+if over > 0 then
+  for _, old in ipairs(redis.call('ZRANGE', p .. 'z', 0, over - 1)) do drop(p, old) end
+end
+return 1
+"""
+
+RELEASE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+
+RENEW = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
+return 0
+"""
+
+PURGE_KEY = _DROP + """
+if redis.call('ZSCORE', ARGV[1] .. 'z', ARGV[2]) then drop(ARGV[1], ARGV[2]) return 1 end
+return 0
+"""
+
+
+def scope_prefix(scope: str) -> str:
+    return f"{PREFIX}{{{scope}}}:"
+
+
+class RedisStore:
+    def __init__(self, client: aioredis.Redis) -> None:
+        self.client = client
+        self._lookup = client.register_script(LOOKUP)
+        self._candidates = client.register_script(CANDIDATES)
+        self._put = client.register_script(PUT)
+        self._release = client.register_script(RELEASE)
+        self._renew = client.register_script(RENEW)
+        self._purge_key = client.register_script(PURGE_KEY)
+
+    async def lookup(self, scope: str, key: str, token: str | None, lease_ms: int) -> Lookup:
+        p = scope_prefix(scope)
+        role, entry = await self._lookup(keys=[p + "e:" + key, p + "l:" + key], args=[token or "", lease_ms])
+        name = role.decode() if isinstance(role, bytes) else str(role)
+        return Lookup(name, entry if name == "hit" else None)  # type: ignore[arg-type]
+
+    async def candidates(self, scope: str, bands: list[str], limit: int) -> list[tuple[str, bytes]]:
+        p = scope_prefix(scope)
+        keys = [p + "z", p + "v", *(p + "b:" + b for b in bands)]
+        flat: list[Any] = await self._candidates(keys=keys, args=[limit])
+        return [(_text(flat[i]), bytes(flat[i + 1])) for i in range(0, len(flat), 2)]
+
+    async def fetch(self, scope: str, keys: list[str]) -> list[bytes | None]:
+        if not keys:
+            return []
+        p = scope_prefix(scope)
+        values: list[Any] = await self.client.mget([p + "e:" + k for k in keys])
+        return [None if v is None else bytes(v) if not isinstance(v, str) else v.encode() for v in values]
+
+    async def put(self, item: Put) -> None:
+        p = scope_prefix(item.scope)
+        args: list[Any] = [p, item.key, item.entry, item.ttl_ms, item.token or "", item.max_entries,
+                           item.vector or b"", *item.bands]
+        keys = [p + "e:" + item.key, p + "l:" + item.key, p + "z", p + "v", p + "s"]
+        async with self.client.pipeline(transaction=False) as pipe:
+            await self._put(keys=keys, args=args, client=pipe)
+            for index in (f"{PREFIX}t:{item.tenant}", f"{PREFIX}m:{item.model}"):
+                pipe.sadd(index, item.scope)
+                pipe.pexpire(index, item.ttl_ms, gt=True)
+                pipe.pexpire(index, item.ttl_ms, nx=True)
+            await pipe.execute()
+
+    async def release(self, scope: str, key: str, token: str) -> bool:
+        return bool(await self._release(keys=[scope_prefix(scope) + "l:" + key], args=[token]))
+
+    async def renew(self, scope: str, key: str, token: str, lease_ms: int) -> bool:
+        return bool(await self._renew(keys=[scope_prefix(scope) + "l:" + key], args=[token, lease_ms]))
+
+    async def purge(
+        self, *, tenant: str | None = None, model: str | None = None, scope: str | None = None,
+        key: str | None = None,
+    ) -> int:
+        if scope is not None and key is not None:
+            p = scope_prefix(scope)
+            return int(await self._purge_key(keys=[p + "z", p + "v", p + "s"], args=[p, key]))
+        indexes = [f"{PREFIX}t:{tenant}"] if tenant is not None else []
+        indexes += [f"{PREFIX}m:{model}"] if model is not None else []
+        if not indexes:
+            raise ValueError("purge needs a tenant, a model, or a scope and key")
+        scopes = [_text(s) for s in await self.client.sinter(indexes)]
+        dropped = 0
+        for s in scopes:
+            p = scope_prefix(s)
+            dropped += int(await self.client.zcard(p + "z"))
+            names = [name async for name in self.client.scan_iter(match=_escape(p) + "*", count=1000)]
+            if names:
+                await self.client.unlink(*names)
+            for index in (f"{PREFIX}t:", f"{PREFIX}m:"):
+                await self._srem_everywhere(index, s)
+        return dropped
+
+    async def _srem_everywhere(self, index_prefix: str, scope: str) -> None:
+        async for name in self.client.scan_iter(match=_escape(index_prefix) + "*", count=1000):
+            await self.client.srem(name, scope)
+
+    async def aclose(self) -> None:
+        await self.client.aclose()
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _escape(pattern: str) -> str:
+    return "".join("\\" + ch if ch in "*?[]\\{}" else ch for ch in pattern)

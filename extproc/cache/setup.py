@@ -1,0 +1,116 @@
+"""Assemble the cache stage at start: store, policy, embedder (built and warmed if needed).
+
+Runs before the gRPC health status says SERVING, so the first request never waits for a
+model to load. A model that cannot be built or loaded stops the gate with a message that
+says what to do; a missing calibration file only turns the semantic layer off.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+from pathlib import Path
+from typing import Any
+
+from ..config import CacheSemantic as SemanticConfig
+from ..config import Config
+from ..dedup.canonical import canonical
+from ..exchange import Exchange
+from ..metrics import Metrics
+from ..stages.cache import Cache
+from .redis_store import CANDIDATES, LOOKUP, PUT, RELEASE, RENEW, RedisStore
+from .semantic import Matcher
+from .store import MemoryStore, Store
+
+log = logging.getLogger("llm_gate.cache")
+
+WARMUP = ("warm up", "How do I reset my password?", "怎么开通花呗", "a somewhat longer sentence " * 8)
+
+
+class ModelError(RuntimeError):
+    pass
+
+
+def ensure_model(name: str, model_dir: Path, build_missing: bool) -> None:
+    """Build the embedder's model into `model_dir` when it is not there (a few seconds)."""
+    if (model_dir / name / "embedder.json").exists() or (model_dir / "embedder.json").exists():
+        return
+    from ..embed.build import MODELS
+    from ..embed.build import main as build
+
+    if name not in MODELS or not build_missing:
+        raise ModelError(
+            f"no '{name}' model under {model_dir}. Build it with `python -m extproc.embed.build --out "
+            f"{model_dir}` or set cache.semantic.model_dir to where it is (or cache.semantic.enabled: false)."
+        )
+    model_dir.mkdir(parents=True, exist_ok=True)
+    with open(model_dir / ".build.lock", "w") as lock:  # gate workers start together: one builds
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (model_dir / name / "embedder.json").exists():
+            log.info("building the %s embedder into %s", name, model_dir)
+            if build(["--out", str(model_dir), "--only", name]) != 0:
+                raise ModelError(f"building the '{name}' model into {model_dir} failed; see the log above")
+
+
+def load_matcher(cfg: SemanticConfig, metrics: Metrics) -> Matcher | None:
+    from ..dedup.decide import load_policy
+
+    try:
+        policy = load_policy(cfg.embedder, cfg.target_precision, cfg.policy_file)
+    except FileNotFoundError as exc:
+        log.warning("semantic cache off: no calibration file (%s)", exc)
+        return None
+    from .semantic import floor
+
+    if floor(policy) is None:
+        log.info("semantic cache off: %s reaches the precision target in no language", cfg.embedder)
+        return None
+    from ..embed import BatchingEmbedder, BatchReport, default_model_dir, load_embedder
+
+    model_dir = cfg.model_dir or default_model_dir()
+    ensure_model(cfg.embedder, model_dir, cfg.build_missing)
+    try:
+        inner = load_embedder(cfg.embedder, model_dir)
+        inner.embed_sync(list(WARMUP))
+    except Exception as exc:
+        raise ModelError(f"cannot load the '{cfg.embedder}' embedder from {model_dir}: {exc}") from exc
+    def observe(report: BatchReport) -> None:
+        metrics.embed_batch_size.observe(report.size)
+        metrics.embed_seconds.observe(report.infer_s)
+        for wait in report.queue_waits:
+            metrics.embed_queue_seconds.observe(wait)
+
+    embedder = BatchingEmbedder(inner, window_s=cfg.batch_window_ms / 1000, on_batch=observe)
+    return Matcher.create(
+        embedder, policy, rows=cfg.lsh_rows, bands=cfg.lsh_bands, recall=cfg.lsh_recall, seed=cfg.lsh_seed,
+        max_candidates=cfg.max_candidates,
+    )
+
+
+def preload_scripts(redis_url: str) -> None:
+    """Load the Lua scripts once, so the first time-boxed call is not spent on SCRIPT LOAD."""
+    import redis
+
+    try:
+        client: Any = redis.Redis.from_url(redis_url, socket_timeout=1.0, socket_connect_timeout=1.0)
+        for script in (LOOKUP, CANDIDATES, PUT, RELEASE, RENEW):
+            client.script_load(script)
+        client.close()
+    except (redis.RedisError, OSError) as exc:
+        log.warning("could not preload cache scripts (%s); they load on first use", exc)
+
+
+def cache_stage(config: Config, metrics: Metrics, redis: Any) -> Cache:
+    """The cache stage for one gate process; `redis` is the process's client (None: in memory)."""
+    c = config.cache
+    store: Store = MemoryStore() if redis is None else RedisStore(redis)
+    if redis is not None and config.store.redis_url and c.enabled:
+        preload_scripts(config.store.redis_url)
+    matcher = load_matcher(c.semantic, metrics) if c.enabled and c.semantic.enabled else None
+    admission = config.admission
+
+    def may_wait_s(ex: Exchange) -> float:
+        return admission.deadline_s(ex.priority) if admission.enabled else c.coalesce.max_wait_s
+
+    return Cache(c, store, metrics, matcher, c.op_timeout_ms / 1000, canon=canonical,
+                 may_wait_s=may_wait_s)

@@ -1,0 +1,193 @@
+"""The cache store: entries, LSH buckets and in-flight leases, per scope.
+
+Two implementations with one behaviour (one table of tests runs against both): `MemoryStore`
+here (one process, the embedded default) and `RedisStore` (every process and replica).
+Entries expire after their TTL; a scope keeps at most `max_entries`, dropping the ones that
+expire first. A lease names the one request (the leader) that computes an answer the others
+wait for; it expires on its own if the leader's process dies.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
+
+Role = Literal["hit", "leader", "follower", "none"]
+
+
+@dataclass(frozen=True)
+class Lookup:
+    role: Role
+    entry: bytes | None = None
+
+
+@dataclass(frozen=True)
+class Put:
+    scope: str
+    key: str
+    entry: bytes
+    ttl_ms: int
+    max_entries: int
+    tenant: str
+    model: str
+    vector: bytes | None = None  # float32; None: exact lookups only (aliases, unreadable text)
+    bands: tuple[str, ...] = ()
+    token: str | None = None  # the lease to hand back once the entry is in
+
+
+class Store(Protocol):
+    async def lookup(self, scope: str, key: str, token: str | None, lease_ms: int) -> Lookup:
+        """The entry; else take the lease (leader) unless another holds it (follower).
+
+        With `token` None, only look: `none` when there is no entry.
+        """
+
+    async def candidates(self, scope: str, bands: list[str], limit: int) -> list[tuple[str, bytes]]:
+        """(key, vector) of live entries sharing at least one band; past `limit`, those that
+        share the most bands (the likeliest to be the closest), then by key."""
+
+    async def fetch(self, scope: str, keys: list[str]) -> list[bytes | None]: ...
+
+    async def put(self, item: Put) -> None: ...
+
+    async def release(self, scope: str, key: str, token: str) -> bool:
+        """Hand back a lease if this token still holds it."""
+
+    async def renew(self, scope: str, key: str, token: str, lease_ms: int) -> bool: ...
+
+    async def purge(
+        self, *, tenant: str | None = None, model: str | None = None, scope: str | None = None,
+        key: str | None = None,
+    ) -> int:
+        """Drop entries by tenant and/or model, or one entry by scope and key; returns how many."""
+
+    async def aclose(self) -> None: ...
+
+
+@dataclass
+class _Scope:
+    expiry: dict[str, float] = field(default_factory=dict)  # key -> expiry
+    vectors: dict[str, bytes] = field(default_factory=dict)
+    sigs: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    bands: dict[str, set[str]] = field(default_factory=dict)
+    tenant: str = ""
+    model: str = ""
+
+
+class MemoryStore:
+    """The same algorithm as the Redis scripts, in dicts, for one process."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        self.entries: dict[tuple[str, str], bytes] = {}
+        self.leases: dict[tuple[str, str], tuple[str, float]] = {}
+        self.scopes: dict[str, _Scope] = {}
+
+    async def lookup(self, scope: str, key: str, token: str | None, lease_ms: int) -> Lookup:
+        now = self.clock()
+        entry = self._entry(scope, key, now)
+        if entry is not None:
+            return Lookup("hit", entry)
+        if token is None:
+            return Lookup("none")
+        held = self.leases.get((scope, key))
+        if held is not None and held[1] > now:
+            return Lookup("follower")
+        self.leases[(scope, key)] = (token, now + lease_ms / 1000)
+        return Lookup("leader")
+
+    def _entry(self, scope: str, key: str, now: float) -> bytes | None:
+        s = self.scopes.get(scope)
+        if s is None or s.expiry.get(key, 0.0) <= now:
+            return None
+        return self.entries.get((scope, key))
+
+    async def candidates(self, scope: str, bands: list[str], limit: int) -> list[tuple[str, bytes]]:
+        s = self.scopes.get(scope)
+        if s is None:
+            return []
+        now, out, votes = self.clock(), [], Counter[str]()
+        for band in bands:
+            votes.update(s.bands.get(band, ()))
+        for key in sorted(votes, key=lambda k: (-votes[k], k)):
+            vector = s.vectors.get(key)
+            if vector is not None and s.expiry.get(key, 0.0) > now:
+                out.append((key, vector))
+                if len(out) >= limit:
+                    break
+        return out
+
+    async def fetch(self, scope: str, keys: list[str]) -> list[bytes | None]:
+        now = self.clock()
+        return [self._entry(scope, key, now) for key in keys]
+
+    async def put(self, item: Put) -> None:
+        now = self.clock()
+        s = self.scopes.setdefault(item.scope, _Scope())
+        s.tenant, s.model = item.tenant, item.model
+        self._drop(item.scope, s, item.key)
+        self.entries[(item.scope, item.key)] = item.entry
+        s.expiry[item.key] = now + item.ttl_ms / 1000
+        if item.vector is not None:
+            s.vectors[item.key] = item.vector
+            s.sigs[item.key] = item.bands
+            for band in item.bands:
+                s.bands.setdefault(band, set()).add(item.key)
+        if item.token is not None:
+            await self.release(item.scope, item.key, item.token)
+        for key in [k for k, exp in s.expiry.items() if exp <= now]:
+            self._drop(item.scope, s, key)
+        while len(s.expiry) > item.max_entries:
+            self._drop(item.scope, s, min(s.expiry, key=lambda k: s.expiry[k]))
+
+    def _drop(self, scope: str, s: _Scope, key: str) -> None:
+        self.entries.pop((scope, key), None)
+        s.expiry.pop(key, None)
+        s.vectors.pop(key, None)
+        for band in s.sigs.pop(key, ()):
+            members = s.bands.get(band)
+            if members is not None:
+                members.discard(key)
+                if not members:
+                    del s.bands[band]
+
+    async def release(self, scope: str, key: str, token: str) -> bool:
+        held = self.leases.get((scope, key))
+        if held is None or held[0] != token:
+            return False
+        del self.leases[(scope, key)]
+        return True
+
+    async def renew(self, scope: str, key: str, token: str, lease_ms: int) -> bool:
+        held = self.leases.get((scope, key))
+        if held is None or held[0] != token or held[1] <= self.clock():
+            return False
+        self.leases[(scope, key)] = (token, self.clock() + lease_ms / 1000)
+        return True
+
+    async def purge(
+        self, *, tenant: str | None = None, model: str | None = None, scope: str | None = None,
+        key: str | None = None,
+    ) -> int:
+        if scope is not None and key is not None:
+            s = self.scopes.get(scope)
+            if s is None or key not in s.expiry:
+                return 0
+            self._drop(scope, s, key)
+            return 1
+        if tenant is None and model is None:
+            raise ValueError("purge needs a tenant, a model, or a scope and key")
+        dropped = 0
+        for name, s in list(self.scopes.items()):
+            if (tenant is None or s.tenant == tenant) and (model is None or s.model == model):
+                dropped += len(s.expiry)
+                for k in list(s.expiry):
+                    self._drop(name, s, k)
+                del self.scopes[name]
+        return dropped
+
+    async def aclose(self) -> None:
+        return None

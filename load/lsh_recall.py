@@ -1,0 +1,216 @@
+"""LSH recall against brute force at the operating point, on real embeddings.
+
+For each embedder, language and precision target whose operating point is on: store the
+first sentence of every pair of a paraphrase set (through `MemoryStore`, the same bucket and
+ranking algorithm as the Redis script), query with the second, and compare two lookups:
+
+- brute force: the stored vector with the highest cosine, if at or above the floor, through
+  `decide` (guards + verifier);
+- the cache: LSH buckets → at most `max_candidates` candidates (most shared bands first) →
+  exact cosine → the best through `decide` — what `extproc.stages.cache` does.
+
+recall = share of brute-force hits the cache also makes (the same stored answer). Also the
+candidates a lookup fetches, and the Redis time of one candidates call at that store size.
+
+Run: ``python -m load.lsh_recall [--n 2000] [--target 0.8 --target 0.9]``
+Writes load/results/lsh_recall.json and .md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import redis.asyncio as aioredis
+
+from extproc.cache.redis_store import RedisStore
+from extproc.cache.semantic import Matcher, floor
+from extproc.cache.store import MemoryStore, Put
+from extproc.dedup.decide import Policy, load_policy
+from load.stack import free_port, wait_port
+
+DATA = Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "paraphrase"
+RESULTS = Path(__file__).resolve().parent / "results"
+SETS = {"en": "stsb-en.train.tsv", "zh": "atec-zh.valid.tsv"}
+
+
+def pairs(name: str, n: int) -> tuple[list[str], list[str]]:
+    stored: dict[str, None] = {}
+    queries: dict[str, None] = {}
+    for line in (DATA / name).read_text(encoding="utf-8").splitlines():
+        a, b, *_ = line.split("\t")
+        if a != b and a not in stored and b not in queries:
+            stored.setdefault(a)
+            queries.setdefault(b)
+        if len(stored) >= n:
+            break
+    return list(stored), list(queries)
+
+
+class _Dim:
+    def __init__(self, name: str, dim: int) -> None:
+        self.name, self.dim = name, dim
+
+
+async def compare(
+    policy: Policy, lang: str, stored: list[str], queries: list[str], d: np.ndarray, q: np.ndarray, cap: int
+) -> dict[str, Any]:
+    matcher = Matcher.create(_Dim(policy.embedder, d.shape[1]), policy, max_candidates=cap)  # type: ignore[arg-type]
+    assert matcher is not None
+    store = MemoryStore()
+    for i, v in enumerate(d):
+        bands = tuple(matcher.lsh.band_keys(v))
+        await store.put(
+            Put("bench", str(i), stored[i].encode(), 3_600_000, len(d) + 1, "t", "m", v.tobytes(), bands)
+        )
+    low = policy.languages[lang].min_cosine
+    brute_hits = cache_hits = agree = best_found = best_total = 0
+    sizes: list[int] = []
+    for j, v in enumerate(q):
+        cosines = d @ v
+        best = int(np.argmax(cosines))
+        brute = (
+            best
+            if cosines[best] >= low and matcher.same(queries[j], stored[best], float(cosines[best])).same
+            else None
+        )
+        cands = await store.candidates("bench", matcher.lsh.band_keys(v), cap)
+        sizes.append(len(cands))
+        if cosines[best] >= low:
+            best_total += 1
+            best_found += str(best) in {k for k, _ in cands}
+        ranked = matcher.ranked(v, cands)
+        mine = None
+        if ranked:
+            key, cos = ranked[0]
+            mine = int(key) if matcher.same(queries[j], stored[int(key)], cos).same else None
+        brute_hits += brute is not None
+        cache_hits += mine is not None
+        agree += brute is not None and mine == brute
+    return {
+        "floor": low,
+        "lsh_floor": floor(policy),
+        "rows": matcher.lsh.rows,
+        "bands": matcher.lsh.bands,
+        "queries": len(q),
+        "stored": len(d),
+        "brute_hits": brute_hits,
+        "cache_hits": cache_hits,
+        "recall": round(agree / brute_hits, 4) if brute_hits else None,
+        "best_in_candidates": round(best_found / best_total, 4) if best_total else None,
+        "candidates_mean": round(float(np.mean(sizes)), 1),
+        "candidates_p99": int(np.percentile(sizes, 99)),
+    }
+
+
+def redis_timing(d: np.ndarray, matcher: Matcher, cap: int, lookups: int = 200) -> dict[str, float]:
+    """p50/p99 of one candidates call on a real redis-server holding these vectors."""
+    port = free_port()
+    with tempfile.TemporaryDirectory() as tmp:
+        proc = subprocess.Popen(
+            ["redis-server", "--port", str(port), "--save", "", "--dir", tmp], stdout=subprocess.DEVNULL
+        )
+        try:
+            wait_port(port, 10, proc)
+            times = asyncio.run(_time_candidates(f"redis://127.0.0.1:{port}/0", d, matcher, cap, lookups))
+        finally:
+            proc.kill()
+            proc.wait()
+    return {
+        "redis_p50_ms": round(1000 * float(np.median(times)), 2),
+        "redis_p99_ms": round(1000 * float(np.percentile(times, 99)), 2),
+    }
+
+
+async def _time_candidates(url: str, d: np.ndarray, matcher: Matcher, cap: int, lookups: int) -> list[float]:
+    client = aioredis.Redis.from_url(url)
+    store = RedisStore(client)
+    for i, v in enumerate(d):
+        bands = tuple(matcher.lsh.band_keys(v))
+        await store.put(Put("bench", str(i), b"x", 3_600_000, len(d) + 1, "t", "m", v.tobytes(), bands))
+    times = []
+    for v in d[:lookups]:
+        t0 = time.perf_counter()
+        await store.candidates("bench", matcher.lsh.band_keys(v), cap)
+        times.append(time.perf_counter() - t0)
+    await client.aclose()
+    return times
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m load.lsh_recall", description=__doc__.split("\n")[0])
+    parser.add_argument("--embedder", action="append", help="minilm, e5-small (default both)")
+    parser.add_argument("--model-dir", type=Path)
+    parser.add_argument("--n", type=int, default=2000)
+    parser.add_argument("--target", type=float, action="append", help="precision targets (default 0.8, 0.9)")
+    parser.add_argument("--cap", type=int, default=128, help="cache.semantic.max_candidates")
+    args = parser.parse_args(argv)
+    from extproc.embed import load_embedder
+
+    rows: list[dict[str, Any]] = []
+    for name in args.embedder or ["minilm", "e5-small"]:
+        embedder = load_embedder(name, args.model_dir)
+        for lang, file in SETS.items():
+            policies = {t: load_policy(name, t) for t in args.target or [0.8, 0.9]}
+            if not any(p.enabled(lang) for p in policies.values()):
+                rows.append(
+                    {"embedder": name, "lang": lang, "target": "-", "note": "semantic off at every target"}
+                )
+                continue
+            stored, queries = pairs(file, args.n)
+            d, q = embedder.embed_sync(stored), embedder.embed_sync(queries)
+            for target, policy in policies.items():
+                if not policy.enabled(lang):
+                    rows.append({"embedder": name, "lang": lang, "target": target, "note": "semantic off"})
+                    continue
+                row = {
+                    "embedder": name,
+                    "lang": lang,
+                    "target": target,
+                    **asyncio.run(compare(policy, lang, stored, queries, d, q, args.cap)),
+                }
+                matcher = Matcher.create(_Dim(name, d.shape[1]), policy, max_candidates=args.cap)  # type: ignore[arg-type]
+                assert matcher is not None
+                row.update(redis_timing(d, matcher, args.cap))
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "lsh_recall.json").write_text(json.dumps(rows, indent=1))
+    head = [
+        "embedder",
+        "lang",
+        "target",
+        "floor",
+        "rows",
+        "bands",
+        "stored",
+        "brute_hits",
+        "cache_hits",
+        "recall",
+        "best_in_candidates",
+        "candidates_mean",
+        "candidates_p99",
+        "redis_p50_ms",
+        "redis_p99_ms",
+        "note",
+    ]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines += ["| " + " | ".join(str(row.get(h, "")) for h in head) + " |" for row in rows]
+    text = (
+        f"LSH recall vs brute force at the operating point (`python -m load.lsh_recall --n {args.n}`, "
+        f"max_candidates {args.cap}).\n\n" + "\n".join(lines) + "\n"
+    )
+    (RESULTS / "lsh_recall.md").write_text(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

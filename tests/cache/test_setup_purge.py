@@ -1,0 +1,63 @@
+"""Start-up (model present, built on demand, or a clear error) and the purge CLI."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+import redis.asyncio as aioredis
+
+from extproc.cache.purge import main as purge_main
+from extproc.cache.redis_store import RedisStore
+from extproc.cache.setup import ModelError, cache_stage, ensure_model, load_matcher
+from extproc.cache.store import MemoryStore, Put
+from extproc.config import CacheSemantic, Config
+from extproc.metrics import Metrics
+
+from .conftest import RedisServer
+
+
+def test_missing_model_is_built_or_named_with_the_fix(tmp_path: Path) -> None:
+    with pytest.raises(ModelError, match=r"python -m extproc\.embed\.build --out"):
+        ensure_model("minilm", tmp_path / "none", build_missing=False)
+    with pytest.raises(ModelError, match="no 'bert-xl' model"):
+        ensure_model("bert-xl", tmp_path, build_missing=True)
+    ensure_model("minilm", tmp_path, build_missing=True)
+    assert (tmp_path / "minilm" / "embedder.json").exists()
+
+
+def test_semantic_layer_loads_warm_only_where_the_policy_allows(tmp_path: Path) -> None:
+    off = load_matcher(CacheSemantic(embedder="minilm", model_dir=tmp_path), Metrics())
+    assert off is None  # the shipped calibration reaches 0.95 in no language: nothing to load
+    assert not (tmp_path / "minilm").exists()
+    on = load_matcher(CacheSemantic(embedder="minilm", model_dir=tmp_path, target_precision=0.8), Metrics())
+    assert on is not None and on.lsh.rows >= 1
+    assert on.skip_reason("How do I reset my password?") is None
+    assert on.skip_reason("怎么开通花呗") == "language_off"
+
+
+def test_default_gate_caches_in_process() -> None:
+    stage = cache_stage(Config(), Metrics(), None)
+    assert isinstance(stage.store, MemoryStore) and stage.config.enabled
+
+
+def test_purge_cli_by_tenant_and_by_key(
+    redis_server: RedisServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    async def fill() -> None:
+        client = aioredis.Redis.from_url(redis_server.url)
+        store = RedisStore(client)
+        for scope, key, tenant in (("s1", "a", "acme"), ("s1", "b", "acme"), ("s2", "c", "globex")):
+            await store.put(Put(scope, key, b"x", 60_000, 100, tenant, "m"))
+        await client.aclose()
+
+    if redis_server.proc is None:
+        redis_server.start()
+    asyncio.run(fill())
+    assert purge_main(["--redis-url", redis_server.url, "--tenant", "acme"]) == 0
+    assert "purged 2" in capsys.readouterr().out
+    assert purge_main(["--redis-url", redis_server.url, "--key", "s2.c"]) == 0
+    assert "purged 1" in capsys.readouterr().out
+    assert purge_main(["--tenant", "acme"]) == 2  # no Redis configured: nothing shared to purge
+    assert "in-process cache" in capsys.readouterr().err

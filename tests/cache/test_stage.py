@@ -1,0 +1,191 @@
+"""The cache stage, hook by hook, on both stores: hits, replays, rules, coalescing, fail-open."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+import redis.asyncio as aioredis
+
+from extproc.cache.redis_store import RedisStore
+from extproc.cache.store import MemoryStore, Store
+from extproc.dedup.canonical import canonical
+from extproc.metrics import Metrics
+from extproc.stages.cache import Cache
+
+from .conftest import RedisServer
+from .helpers import Upstream, WordEmbedder, chat, config, matcher, send
+
+
+@pytest.fixture(params=["memory", "redis"])
+async def store(request: pytest.FixtureRequest) -> AsyncIterator[Store]:
+    if request.param == "memory":
+        yield MemoryStore()
+        return
+    server: RedisServer = request.getfixturevalue("redis_server")
+    if server.proc is None:
+        server.start()
+    client = aioredis.Redis.from_url(server.url)
+    await client.flushall()
+    yield RedisStore(client)
+    await client.aclose()
+
+
+def stage_on(store: Store, embedder: WordEmbedder | None = None, **cfg: object) -> Cache:
+    return Cache(config(**cfg), store, Metrics(), matcher(embedder), 0.5, canon=canonical)
+
+
+def count(stage: Cache, result: str) -> float:
+    return stage.metrics.cache_requests.labels(result)._value.get()  # type: ignore[no-any-return]
+
+
+async def test_repeat_is_a_hit_with_the_same_answer_and_a_fresh_id(store: Store) -> None:
+    stage, up = stage_on(store), Upstream()
+    first = await send(stage, chat("What is the capital of France?"), up)
+    again = await send(stage, chat("  what is the CAPITAL of  france?"), up)
+    assert (first.cache, first.upstream, again.cache, again.upstream) == ("miss", True, "hit", False)
+    assert (again.headers["x-gate-cache-match"], again.headers["x-gate-similarity"]) == ("exact", "1.0000")
+    near = await send(stage, chat("What is the capital of France ?"), up)  # canonical text: near-exact
+    assert (near.cache, near.headers["x-gate-cache-match"]) == ("hit", "near")
+    assert again.text() == first.text() == "Answer 1 to: What is the capital of France?"
+    assert b"chatcmpl-up" not in again.body
+    assert up.calls == 1 and not stage.flights and not len(stage.wakeups)
+
+
+async def test_paraphrase_hits_by_meaning_and_should_miss_misses(store: Store) -> None:
+    emb = WordEmbedder()
+    stage, up = stage_on(store, emb), Upstream()
+    await send(stage, chat("What is the capital of France?"), up)
+    para = await send(stage, chat("What is the capital city of France?"), up)
+    assert (para.cache, para.headers["x-gate-cache-match"]) == ("hit", "semantic")
+    assert 0.88 <= float(para.headers["x-gate-similarity"]) < 1
+    assert para.text() == "Answer 1 to: What is the capital of France?"
+    miss = await send(stage, chat("What is the capital of Spain?"), up)
+    assert (miss.cache, miss.upstream) == ("miss", True)
+    embedded = emb.calls
+    repeat = await send(stage, chat("What is the capital city of France?"), up)  # the paraphrase's alias
+    assert (repeat.cache, repeat.headers["x-gate-cache-match"]) == ("hit", "semantic")
+    assert emb.calls == embedded  # answered by its exact key: no embedding
+    assert up.calls == 2
+
+
+@pytest.mark.parametrize("first_stream", [False, True])
+async def test_streamed_and_plain_callers_get_each_others_answers(store: Store, first_stream: bool) -> None:
+    stage, up = stage_on(store), Upstream()
+    original = await send(stage, chat("Explain TCP", stream=first_stream), up)
+    for stream in (False, True):
+        hit = await send(stage, chat("Explain TCP", stream=stream), up)
+        assert hit.cache == "hit"
+        assert hit.headers["content-type"] == ("text/event-stream" if stream else "application/json")
+        assert hit.text() == original.text()
+        if stream:
+            assert hit.body.endswith(b"data: [DONE]\n\n")
+    assert up.calls == 1
+
+
+async def test_cache_control_and_uncacheable_answers(store: Store) -> None:
+    stage, up = stage_on(store), Upstream()
+    nc = await send(stage, chat("q1"), up, {"cache-control": "no-cache"})
+    assert nc.cache == "miss"
+    assert (await send(stage, chat("q1"), up)).cache == "hit"  # no-cache stored its answer
+    assert (await send(stage, chat("q1"), up, {"cache-control": "no-cache"})).upstream  # and never reads
+    await send(stage, chat("q2"), up, {"cache-control": "no-store"})
+    assert (await send(stage, chat("q2"), up)).cache == "miss"
+    assert (await send(stage, chat("q3", n=2), up)).cache == "bypass"
+    assert (await send(stage, chat("q3", temperature=1.5), up)).cache == "bypass"
+    tools = Upstream(tool_call=True)
+    await send(stage, chat("q4"), tools)
+    assert (await send(stage, chat("q4"), tools)).upstream
+    await send(stage, chat("q5"), Upstream(status=500))
+    assert (await send(stage, chat("q5"), up)).cache == "miss"
+    await send(stage, chat("q6", stream=True), up, cancel_upstream=True)  # the stream ended early
+    assert (await send(stage, chat("q6"), up)).cache == "miss"
+
+
+async def test_tenants_do_not_share_answers(store: Store) -> None:
+    stage, up = stage_on(store), Upstream()
+    await send(stage, chat("q"), up, tenant="acme")
+    assert (await send(stage, chat("q"), up, tenant="globex")).cache == "miss"
+    shared = stage_on(store, shared_across_tenants=True)
+    await send(shared, chat("q"), up, tenant="acme")
+    assert (await send(shared, chat("q"), up, tenant="globex")).cache == "hit"
+
+
+async def test_identical_burst_reaches_the_model_once(store: Store) -> None:
+    stage, up = stage_on(store), Upstream(delay=0.2)
+    results = await asyncio.gather(*(send(stage, chat("burst", stream=i % 2 == 0), up) for i in range(20)))
+    assert up.calls == 1
+    assert sorted(r.cache or "" for r in results) == ["coalesced"] * 19 + ["miss"]
+    assert {r.text() for r in results} == {"Answer 1 to: burst"}
+    assert not stage.flights and not len(stage.wakeups)
+
+
+@pytest.mark.parametrize("how", ["error", "cancelled"])
+async def test_failed_leader_hands_over_to_exactly_one_follower(store: Store, how: str) -> None:
+    stage = stage_on(store)
+    up = Upstream(delay=0.15, fail=1 if how == "error" else 0)
+    leader = asyncio.ensure_future(send(stage, chat("q"), up, cancel_upstream=how == "cancelled"))
+    await asyncio.sleep(0.05)
+    followers = await asyncio.gather(*(send(stage, chat("q"), up) for _ in range(8)))
+    await leader
+    assert up.calls == 2  # the failed leader, then one new leader for all the others
+    assert sorted(r.cache or "" for r in followers) == ["coalesced"] * 7 + ["miss"]
+    assert {r.text() for r in followers} == {"Answer 2 to: q"}
+
+
+async def test_follower_waits_no_longer_than_its_bound(store: Store) -> None:
+    stage = stage_on(store, max_wait_s=0.3, lease_s=5.0)
+    slow = Upstream(delay=1.5)
+    leader = asyncio.ensure_future(send(stage, chat("q"), slow))
+    await asyncio.sleep(0.05)
+    started = asyncio.get_running_loop().time()
+    follower = await send(stage, chat("q"), Upstream())
+    assert follower.upstream and follower.cache == "miss"
+    assert asyncio.get_running_loop().time() - started < 1.2
+    await leader
+
+
+async def test_leader_lease_outlives_its_ttl_while_the_answer_is_running(store: Store) -> None:
+    stage = stage_on(store, lease_s=0.3, max_wait_s=3.0)
+    up = Upstream(delay=0.8)
+    results = await asyncio.gather(
+        send(stage, chat("long"), up), *(send(stage, chat("long"), up) for _ in range(3))
+    )
+    assert up.calls == 1
+    assert sorted(r.cache or "" for r in results) == ["coalesced"] * 3 + ["miss"]
+
+
+async def test_embedder_failure_keeps_the_exact_path(store: Store) -> None:
+    emb = WordEmbedder()
+    stage, up = stage_on(store, emb), Upstream()
+    emb.fail = True
+    await send(stage, chat("What is the capital of France?"), up)
+    assert (await send(stage, chat("What is the capital of France?"), up)).cache == "hit"
+    assert (await send(stage, chat("What is the capital city of France?"), up)).cache == "miss"
+    skips = stage.metrics.cache_semantic_skips.labels("embed_error")._value.get()
+    assert skips == 2  # the hit never embedded
+
+
+async def test_unreadable_text_is_never_embedded(store: Store) -> None:
+    emb = WordEmbedder()
+    stage, up = stage_on(store, emb), Upstream()
+    await send(stage, chat("怎么开通花呗"), up)
+    assert (await send(stage, chat("怎么关闭花呗"), up)).cache == "miss"
+    assert emb.calls == 0
+
+
+async def test_dead_redis_skips_the_cache_and_every_request_is_answered(redis_server: RedisServer) -> None:
+    client = aioredis.Redis.from_url(redis_server.url, socket_timeout=0.2, socket_connect_timeout=0.2)
+    stage, up = Cache(config(), RedisStore(client), Metrics(), matcher(), 0.2, canon=canonical), Upstream()
+    await send(stage, chat("q"), up)
+    redis_server.stop()
+    try:
+        results = await asyncio.gather(*(send(stage, chat(f"q{i % 3}"), up) for i in range(10)))
+        assert [r.status for r in results] == [200] * 10
+        assert {r.cache for r in results} == {"bypass"}
+        assert count(stage, "skipped") == 10
+        assert stage.metrics.store_errors.labels("cache_lookup", "ConnectionError")._value.get() > 0
+    finally:
+        redis_server.start()
+        await client.aclose()

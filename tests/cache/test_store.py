@@ -1,0 +1,161 @@
+"""One table of store behaviour, run against the in-process store and a real redis-server."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import numpy as np
+import pytest
+import redis.asyncio as aioredis
+
+from extproc.cache.redis_store import RedisStore
+from extproc.cache.store import MemoryStore, Put, Store
+
+from .conftest import RedisServer
+
+S, T = "scope-a", "scope-b"
+
+
+def vec(*values: float) -> bytes:
+    return np.array(values, dtype=np.float32).tobytes()
+
+
+def put(
+    key: str,
+    *,
+    scope: str = S,
+    ttl_ms: int = 60_000,
+    max_entries: int = 100,
+    tenant: str = "acme",
+    model: str = "m1",
+    vector: bytes | None = None,
+    bands: tuple[str, ...] = (),
+    token: str | None = None,
+) -> Put:
+    return Put(scope, key, f"entry-{key}".encode(), ttl_ms, max_entries, tenant, model, vector, bands, token)
+
+
+async def lease_goes_to_the_first_and_only_the_first(store: Store) -> None:
+    assert (await store.lookup(S, "k", "t1", 10_000)).role == "leader"
+    assert (await store.lookup(S, "k", "t2", 10_000)).role == "follower"
+    assert (await store.lookup(S, "k", None, 10_000)).role == "none"
+    assert (await store.lookup(T, "k", "t3", 10_000)).role == "leader"  # scopes are separate
+
+
+async def stored_entry_is_a_hit_and_hands_back_the_lease(store: Store) -> None:
+    await store.lookup(S, "k", "t1", 10_000)
+    await store.put(put("k", token="t1"))
+    found = await store.lookup(S, "k", "t2", 10_000)
+    assert (found.role, found.entry) == ("hit", b"entry-k")
+    assert not await store.release(S, "k", "t1")  # already handed back by the put
+    assert await store.fetch(S, ["k", "nope"]) == [b"entry-k", None]
+
+
+async def released_lease_goes_to_exactly_one_of_the_waiters(store: Store) -> None:
+    await store.lookup(S, "k", "leader", 10_000)
+    assert not await store.release(S, "k", "someone-else")
+    assert (await store.lookup(S, "k", "w0", 10_000)).role == "follower"
+    assert await store.release(S, "k", "leader")
+    roles = await asyncio.gather(*(store.lookup(S, "k", f"w{i}", 10_000) for i in range(20)))
+    assert sorted(r.role for r in roles).count("leader") == 1
+
+
+async def concurrent_first_lookups_elect_one_leader(store: Store) -> None:
+    roles = await asyncio.gather(*(store.lookup(S, "burst", f"t{i}", 10_000) for i in range(30)))
+    assert [r.role for r in roles].count("leader") == 1
+    assert [r.role for r in roles].count("follower") == 29
+
+
+async def lease_expires_unless_renewed(store: Store) -> None:
+    await store.lookup(S, "a", "ta", 150)
+    await store.lookup(S, "b", "tb", 150)
+    await asyncio.sleep(0.08)
+    assert await store.renew(S, "b", "tb", 600)
+    assert not await store.renew(S, "b", "wrong", 600)
+    await asyncio.sleep(0.2)
+    assert (await store.lookup(S, "a", "new", 1000)).role == "leader"  # the dead leader's lease ran out
+    assert (await store.lookup(S, "b", "new", 1000)).role == "follower"
+
+
+async def entry_expires_after_its_ttl(store: Store) -> None:
+    await store.put(put("k", ttl_ms=150, vector=vec(1, 0), bands=("0:1",)))
+    assert (await store.lookup(S, "k", None, 1000)).role == "hit"
+    await asyncio.sleep(0.3)
+    assert (await store.lookup(S, "k", None, 1000)).role == "none"
+    assert await store.candidates(S, ["0:1"], 10) == []
+
+
+async def candidates_share_a_band_and_carry_their_vector(store: Store) -> None:
+    await store.put(put("a", vector=vec(1, 0), bands=("0:1", "1:1")))
+    await store.put(put("b", vector=vec(0, 1), bands=("0:2", "1:1")))
+    await store.put(put("c"))  # no vector: exact lookups only
+    assert sorted(await store.candidates(S, ["0:1", "1:9"], 10)) == [("a", vec(1, 0))]
+    assert sorted(await store.candidates(S, ["0:3", "1:1"], 10)) == [("a", vec(1, 0)), ("b", vec(0, 1))]
+    assert await store.candidates(S, ["0:2", "1:1"], 1) == [("b", vec(0, 1))]  # shares two bands
+    assert await store.candidates(S, ["0:1", "1:1"], 1) == [("a", vec(1, 0))]
+    assert await store.candidates(T, ["0:1", "1:1"], 10) == []
+
+
+async def storing_a_key_again_replaces_its_buckets(store: Store) -> None:
+    await store.put(put("a", vector=vec(1, 0), bands=("0:1",)))
+    await store.put(put("a", vector=vec(0, 1), bands=("0:2",)))
+    assert await store.candidates(S, ["0:1"], 10) == []
+    assert await store.candidates(S, ["0:2"], 10) == [("a", vec(0, 1))]
+
+
+async def a_scope_keeps_at_most_max_entries(store: Store) -> None:
+    for i in range(5):
+        await store.put(put(f"k{i}", max_entries=3, ttl_ms=60_000 + i, vector=vec(1, 0), bands=("0:1",)))
+    assert [await store.fetch(S, [f"k{i}"]) for i in range(5)] == [[None], [None]] + [
+        [f"entry-k{i}".encode()] for i in (2, 3, 4)
+    ]
+    assert sorted(k for k, _ in await store.candidates(S, ["0:1"], 10)) == ["k2", "k3", "k4"]
+
+
+async def purge_by_tenant_model_or_key(store: Store) -> None:
+    await store.put(put("a", scope="s1", tenant="acme", model="m1", vector=vec(1, 0), bands=("0:1",)))
+    await store.put(put("b", scope="s1", tenant="acme", model="m1"))
+    await store.put(put("c", scope="s2", tenant="acme", model="m2"))
+    await store.put(put("d", scope="s3", tenant="globex", model="m1"))
+    await store.put(put("e", scope="s4", tenant="globex", model="m2"))
+    assert await store.purge(scope="s4", key="e") == 1
+    assert await store.purge(scope="s4", key="e") == 0
+    assert await store.purge(tenant="acme", model="m1") == 2
+    assert await store.fetch("s1", ["a", "b"]) == [None, None]
+    assert await store.candidates("s1", ["0:1"], 10) == []
+    assert await store.purge(model="m1") == 1  # globex's
+    assert await store.fetch("s2", ["c"]) == [b"entry-c"]
+    assert await store.purge(tenant="acme") == 1
+    assert await store.fetch("s2", ["c"]) == [None]
+
+
+CASES: list[Callable[[Store], Awaitable[None]]] = [
+    lease_goes_to_the_first_and_only_the_first,
+    stored_entry_is_a_hit_and_hands_back_the_lease,
+    released_lease_goes_to_exactly_one_of_the_waiters,
+    concurrent_first_lookups_elect_one_leader,
+    lease_expires_unless_renewed,
+    entry_expires_after_its_ttl,
+    candidates_share_a_band_and_carry_their_vector,
+    storing_a_key_again_replaces_its_buckets,
+    a_scope_keeps_at_most_max_entries,
+    purge_by_tenant_model_or_key,
+]
+
+
+@pytest.fixture(params=["memory", "redis"])
+async def store(request: pytest.FixtureRequest) -> AsyncIterator[Store]:
+    if request.param == "memory":
+        yield MemoryStore()
+        return
+    server: RedisServer = request.getfixturevalue("redis_server")
+    client = aioredis.Redis.from_url(server.url)
+    await client.flushall()
+    yield RedisStore(client)
+    await client.aclose()
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.__name__ for c in CASES])
+async def test_store_behaviour(store: Store, case: Callable[[Store], Awaitable[None]]) -> None:
+    await case(store)
