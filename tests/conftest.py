@@ -9,10 +9,13 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 from extproc.config import Config
+from extproc.embed import OnnxEmbedder, load_embedder
+from extproc.embed.build import build_e5, build_minilm
 from extproc.metrics import Metrics
 from extproc.pipeline import Pipeline
 from extproc.server import start_server
 from load.stack import free_port
+from tests.redis_server import RedisServer
 
 # The machines are shared and noisy: a slow example is not a failure.
 settings.register_profile("gate", deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -64,3 +67,29 @@ def port() -> int:
 def pipeline_of(stages: list, config: Config | None = None) -> Pipeline:  # type: ignore[type-arg]
     config = config or Config()
     return Pipeline(stages, config.routing.handled_paths, Metrics())
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[RedisServer]:
+    server = RedisServer().start()
+    yield server
+    server.kill()
+
+
+@pytest.fixture(scope="session")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Both embedding models, built once per run from the installed packages (~2 s)."""
+    root = tmp_path_factory.getbasetemp() / "models"
+    build_e5(root)
+    build_minilm(root)
+    return root
+
+
+@pytest.fixture(scope="session")
+def e5(model_dir: Path) -> OnnxEmbedder:
+    return load_embedder("e5-small", model_dir)
+
+
+@pytest.fixture(scope="session")
+def minilm(model_dir: Path) -> OnnxEmbedder:
+    return load_embedder("minilm", model_dir)

@@ -15,8 +15,7 @@ from extproc.breaker.webhook import Notifier
 from extproc.config import Breaker, Store, Webhook
 from extproc.metrics import Metrics
 from extproc.redis_conn import connect
-
-from .conftest import RedisServer
+from tests.redis_server import RedisServer
 
 CONFIG = Breaker(
     window_s=10,

@@ -13,8 +13,8 @@ from extproc.cache.store import MemoryStore, Store
 from extproc.dedup.canonical import canonical
 from extproc.metrics import Metrics
 from extproc.stages.cache import Cache
+from tests.redis_server import RedisServer
 
-from .conftest import RedisServer
 from .helpers import Upstream, WordEmbedder, chat, config, matcher, send
 
 
@@ -179,7 +179,7 @@ async def test_dead_redis_skips_the_cache_and_every_request_is_answered(redis_se
     client = aioredis.Redis.from_url(redis_server.url, socket_timeout=0.2, socket_connect_timeout=0.2)
     stage, up = Cache(config(), RedisStore(client), Metrics(), matcher(), 0.2, canon=canonical), Upstream()
     await send(stage, chat("q"), up)
-    redis_server.stop()
+    redis_server.kill()
     try:
         results = await asyncio.gather(*(send(stage, chat(f"q{i % 3}"), up) for i in range(10)))
         assert [r.status for r in results] == [200] * 10

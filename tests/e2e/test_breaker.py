@@ -20,7 +20,7 @@ import httpx
 import pytest
 
 from load.stack import Stack, free_port
-from tests.breaker.conftest import RedisServer
+from tests.redis_server import RedisServer
 
 CHAT = "/v1/chat/completions"
 WINDOW_S = 4.0

@@ -9,7 +9,7 @@ import pytest
 
 from extproc.embed import BatchingEmbedder, BatchReport, OnnxEmbedder
 
-from .conftest import MIXED
+from .sentences import MIXED
 
 
 class Slow:

@@ -11,7 +11,7 @@ from extproc.embed import OnnxEmbedder, load_embedder
 from extproc.embed.build import build_e5, build_minilm
 from extproc.embed.encoder import plan_batches, script_of
 
-from .conftest import MIXED
+from .sentences import MIXED
 
 
 @pytest.mark.parametrize("name", ["e5", "minilm"])

