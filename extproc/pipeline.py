@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 from .exchange import Exchange, Reply
@@ -13,6 +13,7 @@ from .stages.base import Stage
 
 log = logging.getLogger("llm_gate.pipeline")
 T = TypeVar("T")
+HOOKS = ("on_headers", "on_request", "on_response", "on_response_body", "on_done")
 
 
 class Pipeline:
@@ -20,34 +21,43 @@ class Pipeline:
         self.stages = stages
         self.handled_paths = frozenset(handled_paths)
         self.metrics = metrics
+        # Per hook, only the stages that implement it: a request never awaits a no-op.
+        self._hooks = {
+            hook: [s for s in stages if getattr(type(s), hook) is not getattr(Stage, hook)] for hook in HOOKS
+        }
+        self._timers = {
+            (s.name, hook): metrics.stage_seconds.labels(s.name, hook.removeprefix("on_"))
+            for s in stages
+            for hook in ("on_headers", "on_request")
+        }
 
     def handles(self, path: str) -> bool:
         return path.split("?", 1)[0] in self.handled_paths
 
     async def on_headers(self, ex: Exchange) -> Reply | None:
-        return await self._until_reply("headers", ex)
+        return await self._until_reply("on_headers", ex)
 
     async def on_request(self, ex: Exchange) -> Reply | None:
-        return await self._until_reply("request", ex)
+        return await self._until_reply("on_request", ex)
 
     async def on_response(self, ex: Exchange, status: int, headers: dict[str, str]) -> None:
-        for stage in reversed(self.stages):
-            await self._call(stage, "response", stage.on_response(ex, status, headers))
+        for stage in reversed(self._hooks["on_response"]):
+            await self._call(stage, "on_response", stage.on_response(ex, status, headers))
 
     async def on_response_body(self, ex: Exchange, chunk: bytes, end: bool) -> None:
-        for stage in reversed(self.stages):
-            await self._call(stage, "response_body", stage.on_response_body(ex, chunk, end))
+        for stage in reversed(self._hooks["on_response_body"]):
+            await self._call(stage, "on_response_body", stage.on_response_body(ex, chunk, end))
 
     async def on_done(self, ex: Exchange) -> None:
-        for stage in reversed(self.stages):
-            await self._call(stage, "done", stage.on_done(ex))
+        for stage in reversed(self._hooks["on_done"]):
+            await self._call(stage, "on_done", stage.on_done(ex))
 
     async def _until_reply(self, hook: str, ex: Exchange) -> Reply | None:
-        for stage in self.stages:
-            method = stage.on_headers if hook == "headers" else stage.on_request
+        for stage in self._hooks[hook]:
+            method: Callable[[Exchange], Awaitable[Reply | None]] = getattr(stage, hook)
             started = time.perf_counter()
             reply = await self._call(stage, hook, method(ex))
-            self.metrics.stage_seconds.labels(stage.name, hook).observe(time.perf_counter() - started)
+            self._timers[stage.name, hook].observe(time.perf_counter() - started)
             if reply is not None:
                 return reply
         return None
@@ -58,5 +68,5 @@ class Pipeline:
             return await call
         except Exception:
             log.exception("stage %s failed in %s; skipping it for this request", stage.name, hook)
-            self.metrics.stage_errors.labels(stage.name, hook).inc()
+            self.metrics.stage_errors.labels(stage.name, hook.removeprefix("on_")).inc()
             return None

@@ -1,8 +1,8 @@
-"""Benchmark: Envoy alone vs Envoy + no-op ext_proc vs Envoy + the gate, same run, same load.
+"""Benchmark: Envoy alone vs Envoy + a no-op ext_proc vs Envoy + the gate, same run, same load.
 
-The upstream is a second Envoy listener with a fixed JSON answer, so the figures show
-what the ext_proc hop and the gate's stages cost, not a model server's speed.
-Needs `wrk` (apt-get install wrk). Writes load/results/bench_gate.md.
+The upstream is a second Envoy listener with a fixed JSON answer, so the figures show what
+the ext_proc hop and the gate's stages cost, not a model server's speed. Needs `wrk`
+(apt-get install wrk). Writes load/results/bench_gate.md.
 
     python -m load.bench_gate [--duration 10] [--connections 16]
 """
@@ -17,23 +17,57 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from extproc import envoy_config
 
-from .stack import LOOPBACK, envoy_binary, free_port, wait_http, wait_port
+from .stack import LOOPBACK, envoy_binary, free_port, free_ports, wait_http, wait_port
 
-BODY = (
-    '{"model":"llama-3-8b","max_tokens":16,'
-    '"messages":[{"role":"user","content":"What is the capital of France?"}]}'
-)
+RESULTS = Path(__file__).parent / "results" / "bench_gate.md"
+CLK_TCK = os.sysconf("SC_CLK_TCK")
 ANSWER = (
     '{"id":"x","object":"chat.completion","model":"llama-3-8b","choices":[{"index":0,'
     '"message":{"role":"assistant","content":"Paris."},"finish_reason":"stop"}]}'
 )
-RESULTS = Path(__file__).parent / "results" / "bench_gate.md"
-CLK_TCK = os.sysconf("SC_CLK_TCK")
+# wrk script: one fixed question, or a new question for every request (cache misses).
+WRK_SCRIPT = """
+counter = 0
+request = function()
+  counter = counter + 1
+  local q = %s
+  local body = '{"model":"llama-3-8b","max_tokens":16,"messages":[{"role":"user","content":"' .. q .. '"}]}'
+  return wrk.format("POST", nil, {["Content-Type"] = "application/json"}, body)
+end
+"""
+ONLY_VALIDATE_AND_ROUTE = {
+    "ratelimit": {"enabled": False},
+    "breaker": {"enabled": False},
+    "cache": {"enabled": False},
+    "admission": {"enabled": False},
+}
+
+
+@dataclass
+class Variant:
+    name: str
+    ext_proc: str = "gate"  # none | noop | gate
+    workers: int = 1
+    config: dict[str, Any] = field(default_factory=dict)
+    unique: bool = True  # a new question per request
+
+
+VARIANTS = [
+    Variant("Envoy alone", ext_proc="none"),
+    Variant("no-op ext_proc (Python grpc.aio)", ext_proc="noop"),
+    Variant("gate: identity, validation, routing", config=ONLY_VALIDATE_AND_ROUTE),
+    Variant("gate: every stage, cache misses", config={}),
+    Variant("gate: every stage, cache hits", config={}, unique=False),
+    Variant("gate: validation + routing, 2 workers", workers=2, config=ONLY_VALIDATE_AND_ROUTE),
+]
 
 
 def upstream_listener(port: int) -> dict[str, Any]:
@@ -49,12 +83,11 @@ def upstream_listener(port: int) -> dict[str, Any]:
             {"name": "envoy.filters.http.router", "typed_config": {"@type": envoy_config.ROUTER}}
         ],
     }
+    filters = [{"name": "envoy.filters.network.http_connection_manager", "typed_config": hcm}]
     return {
         "name": "upstream",
         "address": {"socket_address": {"address": LOOPBACK, "port_value": port}},
-        "filter_chains": [
-            {"filters": [{"name": "envoy.filters.network.http_connection_manager", "typed_config": hcm}]}
-        ],
+        "filter_chains": [{"filters": filters}],
     }
 
 
@@ -74,54 +107,65 @@ def group_cpu_seconds(pgid: int) -> float:
 
 
 def parse_wrk(out: str) -> dict[str, float]:
+    def find(pattern: str) -> str:
+        match = re.search(pattern, out)
+        if match is None:
+            raise ValueError(f"wrk output without {pattern!r}:\n{out}")
+        return match.group(1)
+
     def ms(text: str) -> float:
         value, unit = re.fullmatch(r"([\d.]+)(us|ms|s)", text).groups()  # type: ignore[union-attr]
         return float(value) * {"us": 0.001, "ms": 1.0, "s": 1000.0}[unit]
 
-    rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))  # type: ignore[union-attr]
-    p50 = ms(re.search(r"50%\s+(\S+)", out).group(1))  # type: ignore[union-attr]
-    p99 = ms(re.search(r"99%\s+(\S+)", out).group(1))  # type: ignore[union-attr]
-    total = int(re.search(r"(\d+) requests in", out).group(1))  # type: ignore[union-attr]
     non2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
     return {
-        "rps": rps,
-        "p50": p50,
-        "p99": p99,
-        "requests": total,
+        "rps": float(find(r"Requests/sec:\s+([\d.]+)")),
+        "p50": ms(find(r"50%\s+(\S+)")),
+        "p99": ms(find(r"99%\s+(\S+)")),
+        "requests": int(find(r"(\d+) requests in")),
         "errors": int(non2xx.group(1)) if non2xx else 0,
     }
 
 
-def run_variant(name: str, work: Path, args: argparse.Namespace) -> dict[str, float]:
+def spawn(args: list[str], log: Path) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(args, start_new_session=True, stdout=subprocess.DEVNULL, stderr=open(log, "ab"))
+
+
+def start_ext_proc(variant: Variant, work: Path) -> tuple[subprocess.Popen[bytes] | None, list[int]]:
+    if variant.ext_proc == "none":
+        return None, []
+    first = free_ports(variant.workers)
+    if variant.ext_proc == "noop":
+        args = [sys.executable, "-m", "load.noop_extproc", "--port", str(first)]
+    else:
+        config = work / "gate.yaml"
+        config.write_text(yaml.safe_dump(variant.config))
+        args = [
+            sys.executable,
+            "-m",
+            "extproc.cli",
+            "serve",
+            "--config",
+            str(config),
+            "--port",
+            str(first),
+            "--workers",
+            str(variant.workers),
+            "--metrics-port",
+            "0",
+        ]
+    proc = spawn(args, work / "ext_proc.log")
+    ports = [first + i for i in range(variant.workers)]
+    for port in ports:
+        wait_port(port, 60, proc)
+    return proc, ports
+
+
+def run_variant(variant: Variant, work: Path, args: argparse.Namespace) -> dict[str, float]:
     procs: list[subprocess.Popen[bytes]] = []
     try:
-        gate_ports: list[int] = []
-        proc = None
-        if name != "envoy only":
-            workers = 2 if name.endswith("2 workers") else 1
-            first = free_port()
-            gate_ports = [first + i for i in range(workers)]
-            if name.startswith("no-op"):
-                cmd = [sys.executable, "-m", "load.noop_extproc", "--port", str(first)]
-            else:
-                cmd = [
-                    sys.executable,
-                    "-m",
-                    "extproc.cli",
-                    "serve",
-                    "--port",
-                    str(first),
-                    "--workers",
-                    str(workers),
-                    "--metrics-port",
-                    "0",
-                ]
-            proc = subprocess.Popen(
-                cmd, start_new_session=True, stdout=subprocess.DEVNULL, stderr=open(work / "ext.log", "ab")
-            )
-            procs.append(proc)
-            for port in gate_ports:
-                wait_port(port, 60, proc)
+        proc, gate_ports = start_ext_proc(variant, work)
+        procs += [proc] if proc else []
         listen, admin, upstream = free_port(), free_port(), free_port()
         doc = envoy_config.bootstrap(
             listen=(LOOPBACK, listen),
@@ -130,49 +174,37 @@ def run_variant(name: str, work: Path, args: argparse.Namespace) -> dict[str, fl
             pools={"primary": [(LOOPBACK, upstream)], "fallback": [(LOOPBACK, upstream)]},
         )
         doc["static_resources"]["listeners"].append(upstream_listener(upstream))
-        path = work / f"envoy-{len(os.listdir(work))}.yaml"
+        h2 = envoy_config.gate_cluster([])["typed_extension_protocol_options"]
+        for cluster in doc["static_resources"]["clusters"]:
+            # h2c to the fixed upstream: one multiplexed connection, not one per request
+            # (HTTP/1.1 here left tens of thousands of loopback ports in TIME_WAIT)
+            if cluster["name"] != envoy_config.GATE_CLUSTER:
+                cluster["typed_extension_protocol_options"] = h2
+        path = work / "envoy.yaml"
         path.write_text(envoy_config.dump(doc))
-        procs.append(
-            subprocess.Popen(
-                [
-                    envoy_binary(),
-                    "-c",
-                    str(path),
-                    "--use-dynamic-base-id",
-                    "--concurrency",
-                    "2",
-                    "--log-level",
-                    "error",
-                ],
-                start_new_session=True,
-                stdout=subprocess.DEVNULL,
-                stderr=open(work / "envoy.log", "ab"),
-            )
-        )
-        try:
-            wait_http(f"http://{LOOPBACK}:{admin}/ready", 30)
-        except TimeoutError:
-            print((work / "envoy.log").read_text()[-3000:], file=sys.stderr)
-            raise
-        script = work / "post.lua"
-        script.write_text(
-            f"wrk.method = 'POST'\nwrk.body = '{BODY}'\nwrk.headers['Content-Type'] = 'application/json'\n"
-        )
-        wrk = [
-            "wrk",
-            "-t1",
-            f"-c{args.connections}",
-            "-s",
-            str(script),
-            "--latency",
-            f"http://{LOOPBACK}:{listen}/v1/chat/completions",
+        envoy = [
+            envoy_binary(),
+            "-c",
+            str(path),
+            "--use-dynamic-base-id",
+            "--concurrency",
+            "2",
+            "--log-level",
+            "error",
         ]
-        subprocess.run([*wrk[:3], "-d2s", *wrk[3:]], capture_output=True, check=True)  # warm-up
+        procs.append(spawn(envoy, work / "envoy.log"))
+        wait_http(f"http://{LOOPBACK}:{admin}/ready", 30)
+        question = (
+            "'question ' .. counter .. ' of ' .. math.random(1e9)" if variant.unique else "'What is 2+2?'"
+        )
+        script = work / "post.lua"
+        script.write_text(WRK_SCRIPT % question)
+        url = f"http://{LOOPBACK}:{listen}/v1/chat/completions"
+        wrk = ["wrk", "-t1", f"-c{args.connections}", "-s", str(script), "--latency"]
+        subprocess.run([*wrk, "-d2s", url], capture_output=True, check=True)  # warm-up
         cpu_before = group_cpu_seconds(proc.pid) if proc else 0.0
-        out = subprocess.run(
-            [*wrk[:3], f"-d{args.duration}s", *wrk[3:]], capture_output=True, text=True, check=True
-        ).stdout
-        result = parse_wrk(out)
+        out = subprocess.run([*wrk, f"-d{args.duration}s", url], capture_output=True, text=True, check=True)
+        result = parse_wrk(out.stdout)
         cpu = (group_cpu_seconds(proc.pid) - cpu_before) if proc else 0.0
         result["cpu_ms_per_req"] = 1000 * cpu / max(result["requests"], 1)
         return result
@@ -196,24 +228,23 @@ def main(argv: list[str] | None = None) -> int:
     if shutil.which("wrk") is None:
         print("wrk is needed: apt-get install wrk", file=sys.stderr)
         return 2
-    variants = ["envoy only", "no-op ext_proc", "gate", "gate, 2 workers"]
     rows = []
-    with tempfile.TemporaryDirectory(prefix="llm-gate-bench-") as tmp:
-        for name in variants:
-            r = run_variant(name, Path(tmp), args)
-            rows.append((name, r))
-            print(
-                f"{name:18s} {r['rps']:8.0f} req/s  p50 {r['p50']:6.2f} ms  p99 {r['p99']:6.2f} ms  "
-                f"ext_proc CPU {r['cpu_ms_per_req']:.3f} ms/req  non-2xx {r['errors']:.0f}",
-                flush=True,
-            )
+    for variant in VARIANTS:
+        with tempfile.TemporaryDirectory(prefix="llm-gate-bench-") as tmp:
+            r = run_variant(variant, Path(tmp), args)
+        rows.append((variant.name, r))
+        print(
+            f"{variant.name:40s} {r['rps']:7.0f} req/s  p50 {r['p50']:6.2f} ms  p99 {r['p99']:6.2f} ms  "
+            f"ext_proc CPU {r['cpu_ms_per_req']:.3f} ms/req  non-2xx {r['errors']:.0f}",
+            flush=True,
+        )
     base = rows[0][1]["rps"]
     lines = [
-        f"# Gate overhead benchmark ({time.strftime('%Y-%m-%d')}, {os.cpu_count()} cores, shared machine)",
+        f"# Gate overhead ({time.strftime('%Y-%m-%d')}, {os.cpu_count()} cores shared by wrk, Envoy, gate)",
         "",
-        f"`python -m load.bench_gate --duration {args.duration} --connections {args.connections}`: "
-        "wrk, one thread, POST /v1/chat/completions (small chat body); "
-        "the upstream is a fixed Envoy direct_response.",
+        f"`python -m load.bench_gate --duration {args.duration} --connections {args.connections}`: wrk, one "
+        "thread, POST /v1/chat/completions with a small chat body; the upstream is a fixed Envoy "
+        "direct_response; Envoy with 2 worker threads.",
         "",
         "| variant | req/s | vs Envoy alone | p50 ms | p99 ms | ext_proc CPU ms/req | non-2xx |",
         "|---|---:|---:|---:|---:|---:|---:|",

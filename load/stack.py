@@ -26,10 +26,16 @@ from extproc import envoy_config
 LOOPBACK = "127.0.0.1"
 
 
-def free_port() -> int:
+def _bind(port: int) -> int:
+    # SO_REUSEADDR as servers set it: a port with connections in TIME_WAIT is still free.
     with socket.socket() as s:
-        s.bind((LOOPBACK, 0))
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind((LOOPBACK, port))
         return int(s.getsockname()[1])
+
+
+def free_port() -> int:
+    return _bind(0)
 
 
 def free_ports(count: int) -> int:
@@ -38,8 +44,7 @@ def free_ports(count: int) -> int:
         first = free_port()
         try:
             for i in range(1, count):
-                with socket.socket() as s:
-                    s.bind((LOOPBACK, first + i))
+                _bind(first + i)
         except OSError:
             continue
         return first

@@ -11,9 +11,11 @@ Demotion: a vip or premium request still waiting after `max_wait_s` is demoted t
 standard, so a flood of one high class cannot push its own fresh arrivals behind
 requests that are already late; aging still bounds its wait.
 
-Batch windows. Requests of a class are released together: the first arrival of a class
-opens a window of `batch_window_s[class]`; everything of that class arriving inside it
-becomes eligible when it closes. Under memory pressure only requests that have waited
+Batch windows. While the pool is full (or under memory pressure), requests of a class are
+released together: the first arrival of a class opens a window of `batch_window_s[class]`;
+everything of that class arriving inside it becomes eligible when it closes. A request
+that finds a free slot and nobody waiting goes at once: vLLM batches continuously, so
+holding it back would only add latency. Under memory pressure only requests that have waited
 `pressure_hold_s` are released, so the pool gets fewer, larger batches.
 
 Overload. The queue is bounded by count and by estimated tokens; a newcomer that ranks
@@ -156,9 +158,12 @@ class Queue:
         self._arrivals[ticket.cls].append(now)
         if self._first_arrival is None:
             self._first_arrival = now
-        close = self._window_close.get(ticket.cls, -math.inf)
-        if close <= now:
-            close = self._window_close[ticket.cls] = now + self.policy.batch_window_s.get(ticket.cls, 0.0)
+        if len(self.held) + len(self.waiting) < self.limit and not self.pressure:
+            close = now  # a free slot and nobody waiting for it: holding this request gains nothing
+        else:
+            close = self._window_close.get(ticket.cls, -math.inf)
+            if close <= now:
+                close = self._window_close[ticket.cls] = now + self.policy.batch_window_s.get(ticket.cls, 0.0)
         deadline = self.policy.default_deadline_s if ticket.deadline_s is None else ticket.deadline_s
         entry = _Waiting(ticket, self._seq, now, close, now + deadline, ticket.cls)
         eta = self.eta(entry, now)

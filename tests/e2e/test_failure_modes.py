@@ -40,8 +40,14 @@ def gate_requests(metrics_port: int) -> float:
 
 def test_two_workers_both_take_streams() -> None:
     with Stack(gate_workers=2) as stack, httpx.Client(base_url=stack.url, timeout=10) as client:
-        for _ in range(40):
-            assert client.post(CHAT, json=BODY).status_code == 200
+        for i in range(40):
+            body = {**BODY, "messages": [{"role": "user", "content": f"question {i}"}]}
+            assert client.post(CHAT, json=body).status_code == 200
+        # A request is counted when its ext_proc stream closes, just after the client's answer.
+        deadline = time.monotonic() + 5
         counts = [gate_requests(p) for p in stack.metrics_ports]
+        while sum(counts) < 40 and time.monotonic() < deadline:
+            time.sleep(0.05)
+            counts = [gate_requests(p) for p in stack.metrics_ports]
         assert sum(counts) == 40
         assert min(counts) >= 10, counts

@@ -53,12 +53,22 @@ def test_grant_order(case: str, arrivals: list[tuple[str, str, bool]], order: li
 
 
 @pytest.mark.parametrize(("cls", "window"), [("vip", 0.002), ("premium", 0.010), ("standard", 0.050)])
-def test_batch_window_holds_a_class_until_it_closes(cls: str, window: float) -> None:
-    q = Queue(limit=10)
+def test_batch_window_holds_a_class_while_the_pool_is_full(cls: str, window: float) -> None:
+    q = Queue(limit=1)
+    assert granted(q.offer(Ticket("x", cls), now=0.0)) == ["x"]  # a free slot: at once
     assert granted(q.offer(Ticket("a", cls), now=0.0)) == []
     assert granted(q.offer(Ticket("b", cls), now=window / 2)) == []
+    q.set_capacity(3, pressure=False)
+    assert granted(q.poll(window / 2)) == []
     assert q.next_wakeup(window / 2) == pytest.approx(window)
     assert granted(q.poll(window)) == ["a", "b"]
+
+
+def test_an_idle_pool_grants_at_once_in_every_class() -> None:
+    q = Queue(limit=3)
+    assert granted(q.offer(Ticket("s", "standard"), now=0.0)) == ["s"]
+    assert granted(q.offer(Ticket("p", "premium"), now=0.0)) == ["p"]
+    assert granted(q.offer(Ticket("v", "vip"), now=0.0)) == ["v"]
 
 
 def test_under_memory_pressure_only_requests_that_waited_are_released() -> None:
