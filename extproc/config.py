@@ -202,6 +202,22 @@ class CacheCoalesce(Strict):
     poll_max_ms: float = Field(default=100.0, gt=0)
 
 
+class SemanticProfile(Strict):
+    """Another embedder or operating point for some tenants or routes (first match wins)."""
+
+    tenant: str | None = None
+    path_prefix: str | None = None
+    enabled: bool = True
+    embedder: str | None = None  # None: the default embedder
+    policy_file: Path | None = None
+    target_precision: float | None = Field(default=None, gt=0, le=1)
+
+    def applies(self, tenant: str, path: str) -> bool:
+        return (self.tenant is None or self.tenant == tenant) and (
+            self.path_prefix is None or path.startswith(self.path_prefix)
+        )
+
+
 class CacheSemantic(Strict):
     enabled: bool = True
     embedder: str = "minilm"  # a name known to extproc.embed.load_embedder
@@ -217,6 +233,13 @@ class CacheSemantic(Strict):
     max_candidates: int = Field(default=128, ge=1)  # load/results/lsh_recall.md
     embed_timeout_ms: float = Field(default=500.0, gt=0)
     batch_window_ms: float = Field(default=1.0, ge=0)
+    # e.g. [{tenant: acme-cn, embedder: e5-small}]: Chinese-speaking tenants on the multilingual model
+    profiles: list[SemanticProfile] = Field(default_factory=list)
+
+    def for_profile(self, profile: SemanticProfile) -> CacheSemantic:
+        """This section with the profile's choices in place of the defaults."""
+        chosen = {k: v for k in ("embedder", "policy_file", "target_precision") if (v := getattr(profile, k))}
+        return self.model_copy(update={**chosen, "enabled": profile.enabled, "profiles": []})
 
 
 class Cache(Strict):

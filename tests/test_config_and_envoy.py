@@ -96,3 +96,16 @@ def test_include_snippet_validates_inside_a_minimal_bootstrap(tmp_path: Path) ->
 def test_cli_help_runs() -> None:
     result = subprocess.run([sys.executable, "-m", "extproc.cli", "--help"], capture_output=True, text=True)
     assert result.returncode == 0 and "check-config" in result.stdout
+
+
+def test_semantic_profiles_override_only_what_they_name() -> None:
+    from extproc.config import CacheSemantic, SemanticProfile
+
+    base = CacheSemantic(embedder="minilm", target_precision=0.95)
+    chosen = base.for_profile(SemanticProfile(tenant="cn", embedder="e5-small"))
+    assert (chosen.embedder, chosen.target_precision, chosen.profiles) == ("e5-small", 0.95, [])
+    off = base.for_profile(SemanticProfile(path_prefix="/v1/completions", enabled=False))
+    assert (off.embedder, off.enabled) == ("minilm", False)
+    profile = SemanticProfile(tenant="cn", path_prefix="/v1/chat")
+    assert profile.applies("cn", "/v1/chat/completions")
+    assert not profile.applies("cn", "/v1/completions") and not profile.applies("us", "/v1/chat/completions")

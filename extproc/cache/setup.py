@@ -17,7 +17,7 @@ from ..config import Config
 from ..dedup.canonical import canonical
 from ..exchange import Exchange
 from ..metrics import Metrics
-from ..stages.cache import Cache
+from ..stages.cache import Cache, Profile
 from .redis_store import CANDIDATES, LOOKUP, PUT, RELEASE, RENEW, RedisStore
 from .semantic import Matcher
 from .store import MemoryStore, Store
@@ -87,6 +87,20 @@ def load_matcher(cfg: SemanticConfig, metrics: Metrics) -> Matcher | None:
     )
 
 
+def load_matchers(cfg: SemanticConfig, metrics: Metrics) -> tuple[Matcher | None, list[Profile]]:
+    """The default matcher and one per profile; profiles that choose the same thing share it."""
+    loaded: dict[tuple[object, ...], Matcher | None] = {}
+
+    def matcher_for(section: SemanticConfig) -> Matcher | None:
+        key = (section.enabled, section.embedder, section.policy_file, section.target_precision)
+        if key not in loaded:
+            loaded[key] = load_matcher(section, metrics) if section.enabled else None
+        return loaded[key]
+
+    profiles = [(p, matcher_for(cfg.for_profile(p))) for p in cfg.profiles]
+    return matcher_for(cfg), profiles
+
+
 def preload_scripts(redis_url: str) -> None:
     """Load the Lua scripts once, so the first time-boxed call is not spent on SCRIPT LOAD."""
     import redis
@@ -106,11 +120,11 @@ def cache_stage(config: Config, metrics: Metrics, redis: Any) -> Cache:
     store: Store = MemoryStore() if redis is None else RedisStore(redis)
     if redis is not None and config.store.redis_url and c.enabled:
         preload_scripts(config.store.redis_url)
-    matcher = load_matcher(c.semantic, metrics) if c.enabled and c.semantic.enabled else None
+    matcher, profiles = load_matchers(c.semantic, metrics) if c.enabled else (None, [])
     admission = config.admission
 
     def may_wait_s(ex: Exchange) -> float:
         return admission.deadline_s(ex.priority) if admission.enabled else c.coalesce.max_wait_s
 
     return Cache(c, store, metrics, matcher, c.op_timeout_ms / 1000, canon=canonical,
-                 may_wait_s=may_wait_s)
+                 may_wait_s=may_wait_s, profiles=profiles)

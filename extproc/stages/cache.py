@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TypeVar
 
 from ..cache.entry import Capture, Entry, content_kind
@@ -25,6 +25,7 @@ from ..cache.rules import access
 from ..cache.semantic import Matcher
 from ..cache.store import Lookup, Put, Store
 from ..config import Cache as CacheConfig
+from ..config import SemanticProfile
 from ..exchange import Exchange, Reply
 from ..metrics import Metrics
 from ..redis_conn import timeboxed
@@ -35,6 +36,7 @@ SIMILARITY_HEADER = "x-gate-similarity"
 MATCH_HEADER = "x-gate-cache-match"
 KEY_HEADER = "x-gate-cache-key"
 T = TypeVar("T")
+Profile = tuple[SemanticProfile, Matcher | None]
 
 
 class Cache(Stage):
@@ -44,11 +46,13 @@ class Cache(Stage):
         self, config: CacheConfig, store: Store, metrics: Metrics, matcher: Matcher | None,
         op_timeout_s: float, *, canon: Callable[[str], str] = normalise,
         clock: Callable[[], float] = time.monotonic, may_wait_s: Callable[[Exchange], float] | None = None,
+        profiles: Sequence[Profile] = (),
     ) -> None:
         self.config = config
         self.store = store
         self.metrics = metrics
         self.matcher = matcher
+        self.profiles = profiles  # per tenant / route: another embedder or operating point
         self.op_timeout_s = op_timeout_s
         self.canon = canon
         self.clock = clock
@@ -148,8 +152,14 @@ class Cache(Stage):
     def _lease_ms(self) -> int:
         return int(self.config.coalesce.lease_s * 1000)
 
+    def matcher_for(self, ex: Exchange) -> Matcher | None:
+        for profile, matcher in self.profiles:
+            if profile.applies(ex.tenant, ex.route_path):
+                return matcher
+        return self.matcher
+
     async def _semantic(self, ex: Exchange, f: Flight) -> Reply | None:
-        m, text = self.matcher, f.q.text
+        m, text = self.matcher_for(ex), f.q.text
         if m is None or text is None or not f.store_ok:
             return None
         skip = m.skip_reason(text)

@@ -10,9 +10,9 @@ import redis.asyncio as aioredis
 
 from extproc.cache.purge import main as purge_main
 from extproc.cache.redis_store import RedisStore
-from extproc.cache.setup import ModelError, cache_stage, ensure_model, load_matcher
+from extproc.cache.setup import ModelError, cache_stage, ensure_model, load_matcher, load_matchers
 from extproc.cache.store import MemoryStore, Put
-from extproc.config import CacheSemantic, Config
+from extproc.config import CacheSemantic, Config, SemanticProfile
 from extproc.metrics import Metrics
 from tests.redis_server import RedisServer
 
@@ -34,6 +34,25 @@ def test_semantic_layer_loads_warm_only_where_the_policy_allows(tmp_path: Path) 
     assert on is not None and on.lsh.rows >= 1
     assert on.skip_reason("How do I reset my password?") is None
     assert on.skip_reason("怎么开通花呗") == "language_off"
+
+
+def test_a_chinese_tenant_can_have_the_multilingual_embedder(model_dir: Path) -> None:
+    cfg = CacheSemantic(
+        embedder="minilm",
+        model_dir=model_dir,
+        target_precision=0.8,
+        profiles=[
+            SemanticProfile(tenant="cn", embedder="e5-small"),
+            SemanticProfile(tenant="zz", enabled=False),
+            SemanticProfile(tenant="en2", target_precision=0.8),
+        ],
+    )
+    default, profiles = load_matchers(cfg, Metrics())
+    (_, cn), (_, zz), (_, en2) = profiles
+    assert default is not None and cn is not None and zz is None
+    assert en2 is default  # the same choices share one loaded model
+    assert default.skip_reason("怎么开通花呗") == "language_off"  # all-MiniLM cannot read Chinese
+    assert cn.skip_reason("怎么开通花呗") is None  # e5-small's zh point at 0.8 is on
 
 
 def test_default_gate_caches_in_process() -> None:

@@ -189,3 +189,19 @@ async def test_dead_redis_skips_the_cache_and_every_request_is_answered(redis_se
     finally:
         redis_server.start()
         await client.aclose()
+
+
+async def test_semantic_profiles_choose_the_matcher_per_tenant_and_route(store: Store) -> None:
+    from extproc.config import SemanticProfile
+
+    emb = WordEmbedder()
+    profiles = [(SemanticProfile(tenant="cn"), matcher(emb)), (SemanticProfile(path_prefix="/v1/"), None)]
+    default = matcher(WordEmbedder())
+    stage = Cache(config(), store, Metrics(), default, 0.5, canon=canonical, profiles=profiles)
+    up = Upstream()
+    for tenant in ("cn", "acme"):
+        await send(stage, chat("What is the capital of France?"), up, tenant=tenant)
+        para = await send(stage, chat("What is the capital city of France?"), up, tenant=tenant)
+        assert para.cache == ("hit" if tenant == "cn" else "miss"), tenant
+    assert emb.calls > 0  # the tenant's own embedder did the work
+    assert up.calls == 3  # two first asks, and acme's paraphrase (its profile turns the layer off)
