@@ -109,3 +109,21 @@ def test_semantic_profiles_override_only_what_they_name() -> None:
     profile = SemanticProfile(tenant="cn", path_prefix="/v1/chat")
     assert profile.applies("cn", "/v1/chat/completions")
     assert not profile.applies("cn", "/v1/completions") and not profile.applies("us", "/v1/chat/completions")
+
+
+def test_alert_rules_name_only_metrics_the_gate_exports() -> None:
+    import re
+
+    import yaml
+
+    from extproc.metrics import Metrics
+
+    exported = set()
+    for family in Metrics().registry.collect():
+        suffixes = {"counter": ["_total"], "histogram": ["_bucket", "_sum", "_count"]}.get(family.type, [""])
+        exported |= {family.name + s for s in suffixes}
+    rules = yaml.safe_load((REPO / "deploy/alerts.yaml").read_text())["groups"][0]["rules"]
+    assert rules
+    for rule in rules:
+        used = set(re.findall(r"\bgate_[a-z_]+", rule["expr"]))
+        assert used and used <= exported, (rule["alert"], used - exported)
