@@ -5,10 +5,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+from pathlib import Path
 
 from .breaker.adaptive import AdaptiveLimit
 from .cache.setup import cache_stage
-from .config import Config
+from .config import Config, ConfigError, load_config
 from .metrics import Metrics
 from .pipeline import Pipeline
 from .redis_conn import connect
@@ -45,7 +46,7 @@ def build_pipeline(config: Config, metrics: Metrics) -> Pipeline:
     ]
     # The seed's adaptive limit: a pool slowing down under load gets fewer slots.
     breaker.breakers.subscribe(AdaptiveLimit(config.breaker, admission.set_capacity_factor))
-    return Pipeline(stages, r.handled_paths, metrics)
+    return Pipeline(stages, r.handled_paths, metrics, redis)
 
 
 def max_message_bytes(config: Config) -> int:
@@ -53,28 +54,67 @@ def max_message_bytes(config: Config) -> int:
     return config.validation.max_body_bytes + 1_048_576
 
 
-async def run_gate(config: Config, port: int, metrics_port: int | None) -> None:
+def reread(path: Path, running: Config) -> Config | None:
+    """The file's config with the running `server` section (it changes only on restart);
+    None, with every problem logged, when the file is not valid."""
+    try:
+        fresh = load_config(path)
+    except ConfigError as exc:
+        log.error("config %s not reloaded; keeping the running one:\n%s", path, "\n".join(exc.problems))
+        return None
+    except OSError as exc:
+        log.error("config %s not reloaded: %s", path, exc.strerror)
+        return None
+    if fresh.server != running.server:
+        log.warning("server settings (ports, workers) change only on restart; keeping the running ones")
+    return fresh.model_copy(update={"server": running.server})
+
+
+async def run_gate(
+    config: Config, port: int, metrics_port: int | None, config_path: Path | None = None
+) -> None:
     metrics = Metrics()
     if metrics_port is not None:
         metrics.serve(metrics_port, config.server.host)
-    pipeline = build_pipeline(config, metrics)
-    server, bound, health = await start_server(pipeline, config.server.host, port, max_message_bytes(config))
-    await mark_serving(health)
-    log.info("gate listening on %s:%d (metrics %s)", config.server.host, bound, metrics_port)
+    running = await start_server(
+        build_pipeline(config, metrics), config.server.host, port, max_message_bytes(config)
+    )
+    await mark_serving(running.health)
+    log.info("gate listening on %s:%d (metrics %s)", config.server.host, running.port, metrics_port)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    reloading = asyncio.Lock()
+
+    async def reload() -> None:
+        nonlocal config
+        async with reloading:
+            fresh = reread(config_path, config) if config_path else None
+            if fresh is None:
+                metrics.config_reloads.labels("refused").inc()
+                return
+            # Models may load: off the event loop, so open streams keep flowing meanwhile.
+            pipeline = await asyncio.to_thread(build_pipeline, fresh, metrics)
+            running.processor.swap(pipeline)
+            config = fresh
+            metrics.config_reloads.labels("done").inc()
+            log.info("config %s reloaded; open streams finish on the previous one", config_path)
+
+    loop.add_signal_handler(signal.SIGHUP, lambda: loop.create_task(reload()))
     await stop.wait()
-    await server.stop(config.server.grace_seconds)
+    await running.server.stop(config.server.grace_seconds)
+    await running.processor.pipeline.aclose()
 
 
-def run_process(config: Config, index: int) -> None:
-    """Run one gate process until SIGTERM; worker `index` listens on port + index."""
+def run_process(config: Config, index: int, config_path: Path | None = None) -> None:
+    """Run one gate process until SIGTERM; worker `index` listens on port + index.
+
+    SIGHUP re-reads `config_path` and swaps the pipeline without dropping open streams.
+    """
     import uvloop
 
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s gate[{index}] %(levelname)s %(message)s")
     metrics_port = config.server.metrics_port
-    uvloop.run(
-        run_gate(config, config.server.port + index, None if metrics_port is None else metrics_port + index)
-    )
+    port = config.server.port + index
+    uvloop.run(run_gate(config, port, None if metrics_port is None else metrics_port + index, config_path))

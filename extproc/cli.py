@@ -29,11 +29,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if config.server.workers == 1:
         from .app import run_process
 
-        run_process(config, 0)
+        run_process(config, 0, args.config)
         return 0
     from .workers import supervise
 
-    return supervise(config)
+    return supervise(config, args.config)
 
 
 def cmd_check_config(args: argparse.Namespace) -> int:

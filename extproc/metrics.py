@@ -36,6 +36,10 @@ class Metrics:
             ["stage", "hook"],
             registry=r,
         )
+        self.config_reloads = Counter(
+            "gate_config_reloads", "SIGHUP reloads: done, or refused (the file was not valid).",
+            ["result"], registry=r,
+        )
         self.streams_active = Gauge("gate_streams_active", "Open ext_proc streams.", registry=r)
         self.stream_errors = Counter(
             "gate_stream_errors",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from .exchange import Exchange, Reply
 from .metrics import Metrics
@@ -17,10 +17,14 @@ HOOKS = ("on_headers", "on_request", "on_response", "on_response_body", "on_done
 
 
 class Pipeline:
-    def __init__(self, stages: list[Stage], handled_paths: list[str], metrics: Metrics) -> None:
+    def __init__(
+        self, stages: list[Stage], handled_paths: list[str], metrics: Metrics, redis: Any = None
+    ) -> None:
         self.stages = stages
         self.handled_paths = frozenset(handled_paths)
         self.metrics = metrics
+        self.redis = redis  # the process's store client, closed with the pipeline
+        self.active = 0  # open streams on this pipeline (a retired one closes when it reaches 0)
         # Per hook, only the stages that implement it: a request never awaits a no-op.
         self._hooks = {
             hook: [s for s in stages if getattr(type(s), hook) is not getattr(Stage, hook)] for hook in HOOKS
@@ -51,6 +55,16 @@ class Pipeline:
     async def on_done(self, ex: Exchange) -> None:
         for stage in reversed(self._hooks["on_done"]):
             await self._call(stage, "on_done", stage.on_done(ex))
+
+    async def aclose(self) -> None:
+        """Retire the pipeline: every stage's background work and the store client stop."""
+        for stage in self.stages:
+            try:
+                await stage.aclose()
+            except Exception:
+                log.exception("stage %s failed to close", stage.name)
+        if self.redis is not None:
+            await self.redis.aclose()
 
     async def _until_reply(self, hook: str, ex: Exchange) -> Reply | None:
         for stage in self._hooks[hook]:

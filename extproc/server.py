@@ -11,6 +11,7 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 
 import grpc
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
@@ -32,6 +33,7 @@ class Session:
 
     def __init__(self, pipeline: Pipeline) -> None:
         self.pipeline = pipeline
+        pipeline.active += 1
         self.ex: Exchange | None = None
         self.body = bytearray()
         self.busy = 0.0
@@ -121,6 +123,7 @@ class Session:
         return self.ex
 
     async def close(self) -> None:
+        self.pipeline.active -= 1
         ex = self.ex
         if ex is None:
             return
@@ -139,6 +142,14 @@ class ProtocolError(Exception):
 class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
     def __init__(self, pipeline: Pipeline) -> None:
         self.pipeline = pipeline
+        self._retiring: set[asyncio.Task[None]] = set()
+
+    def swap(self, pipeline: Pipeline) -> None:
+        """New streams use `pipeline`; open ones finish on the old, which closes after them."""
+        old, self.pipeline = self.pipeline, pipeline
+        task = asyncio.get_running_loop().create_task(retire(old))
+        self._retiring.add(task)
+        task.add_done_callback(self._retiring.discard)
 
     async def Process(  # noqa: N802 - the gRPC method name
         self, request_iterator: AsyncIterator[pb.ProcessingRequest], context: grpc.aio.ServicerContext
@@ -162,17 +173,31 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
             await session.close()
 
 
-async def start_server(
-    pipeline: Pipeline, host: str, port: int, max_message_bytes: int
-) -> tuple[grpc.aio.Server, int, health_aio.HealthServicer]:
-    """Start the gRPC server; returns it, the bound port and the health servicer (NOT_SERVING)."""
+async def retire(pipeline: Pipeline, poll_s: float = 0.1, limit_s: float = 600.0) -> None:
+    deadline = time.monotonic() + limit_s
+    while pipeline.active > 0 and time.monotonic() < deadline:  # noqa: ASYNC110 - bounded drain
+        await asyncio.sleep(poll_s)
+    await pipeline.aclose()
+
+
+@dataclass
+class Running:
+    server: grpc.aio.Server
+    port: int
+    health: health_aio.HealthServicer
+    processor: ExternalProcessor
+
+
+async def start_server(pipeline: Pipeline, host: str, port: int, max_message_bytes: int) -> Running:
+    """Start the gRPC server on `port` (0: any); health says NOT_SERVING until `mark_serving`."""
     options = [
         ("grpc.max_receive_message_length", max_message_bytes),
         ("grpc.max_send_message_length", max_message_bytes),
         ("grpc.so_reuseport", 0),
     ]
     server = grpc.aio.server(options=options)
-    pb_grpc.add_ExternalProcessorServicer_to_server(ExternalProcessor(pipeline), server)
+    processor = ExternalProcessor(pipeline)
+    pb_grpc.add_ExternalProcessorServicer_to_server(processor, server)
     health_servicer = health_aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     bound = server.add_insecure_port(f"{host}:{port}")
@@ -180,7 +205,7 @@ async def start_server(
         raise OSError(f"cannot listen on {host}:{port}")
     await server.start()
     await _set_health(health_servicer, health_pb2.HealthCheckResponse.NOT_SERVING)
-    return server, bound, health_servicer
+    return Running(server, bound, health_servicer, processor)
 
 
 async def _set_health(servicer: health_aio.HealthServicer, status: int) -> None:

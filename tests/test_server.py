@@ -42,7 +42,8 @@ GOOD = orjson.dumps({"model": "phi-3", "messages": [{"role": "user", "content": 
 @pytest.fixture
 async def stub() -> AsyncIterator[pb_grpc.ExternalProcessorStub]:
     metrics = Metrics()
-    server, port, health = await start_server(build_pipeline(Config(), metrics), "127.0.0.1", 0, 2 << 20)
+    running = await start_server(build_pipeline(Config(), metrics), "127.0.0.1", 0, 2 << 20)
+    server, port, health = running.server, running.port, running.health
     async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
         check = health_pb2_grpc.HealthStub(channel)
         status = await check.Check(health_pb2.HealthCheckRequest(service=""))

@@ -121,6 +121,13 @@ class Admission(Stage):
             self.pools[pool] = found
         return found
 
+    async def aclose(self) -> None:
+        for slots in self.pools.values():
+            if isinstance(slots, Embedded):
+                await slots.scheduler.stop()
+            elif isinstance(slots, RemoteScheduler):
+                await slots.close()
+
     def set_capacity_factor(self, pool: str, factor: float) -> None:
         """For the circuit breaker: admit only `factor` (0..1) of the pool's measured capacity.
 

@@ -30,3 +30,7 @@ class Stage:
     async def on_done(self, ex: Exchange) -> None:
         """The exchange ended, however it ended: release what the stage holds."""
         return None
+
+    async def aclose(self) -> None:
+        """The pipeline is retired (a config reload): stop background work, close clients."""
+        return None

@@ -68,6 +68,9 @@ class Breaker(Stage):
         self.route = Route(routing)
         self.calls: dict[str, Call] = {}
 
+    async def aclose(self) -> None:
+        await self.breakers.close()
+
     @classmethod
     def from_config(cls, config: Config, metrics: Metrics) -> Breaker:
         """Its own Redis client: the sync loop is off the request path and gets a looser

@@ -152,6 +152,13 @@ class Cache(Stage):
     def _lease_ms(self) -> int:
         return int(self.config.coalesce.lease_s * 1000)
 
+    async def aclose(self) -> None:
+        matchers = {id(m): m for m in [self.matcher, *(m for _, m in self.profiles)] if m is not None}
+        for m in matchers.values():
+            close = getattr(m.embedder, "aclose", None)
+            if close is not None:
+                await close()
+
     def matcher_for(self, ex: Exchange) -> Matcher | None:
         for profile, matcher in self.profiles:
             if profile.applies(ex.tenant, ex.route_path):
