@@ -42,9 +42,14 @@ def connect(config: Store) -> aioredis.Redis | None:
 
 
 async def timeboxed(call: Awaitable[T], default: T, timeout_s: float, metrics: Metrics, op: str) -> T:
-    """Await `call` for at most `timeout_s`; on any store failure return `default`."""
+    """Await `call` for at most `timeout_s`; on any store failure return `default`.
+
+    `asyncio.timeout`, not `wait_for`: on Python 3.11 `wait_for` can swallow a cancellation
+    that races the result, and a background loop then never stops.
+    """
     try:
-        return await asyncio.wait_for(call, timeout_s)
+        async with asyncio.timeout(timeout_s):
+            return await call
     except (RedisError, OSError, TimeoutError) as exc:
         metrics.store_errors.labels(op, type(exc).__name__).inc()
         log.debug("store call %s failed: %r", op, exc)

@@ -262,7 +262,8 @@ async def _wait_unhang(sim: SimState, request: web.Request) -> None:
             if _gone(request):
                 raise ClientGoneError
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(sim.unhang.wait(), 0.2)
+                async with asyncio.timeout(0.2):
+                    await sim.unhang.wait()
     finally:
         sim.hung -= 1
 

@@ -53,6 +53,7 @@ async def stub() -> AsyncIterator[pb_grpc.ExternalProcessorStub]:
         assert status.status == health_pb2.HealthCheckResponse.SERVING
         yield pb_grpc.ExternalProcessorStub(channel)
     await server.stop(0)
+    await running.processor.pipeline.aclose()
 
 
 async def exchange(

@@ -48,7 +48,8 @@ class Wakeups:
         self._events[slot] = (event, count + 1)
         try:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(event.wait(), seconds)
+                async with asyncio.timeout(seconds):
+                    await event.wait()
             return event.is_set()
         finally:
             held = self._events.get(slot)

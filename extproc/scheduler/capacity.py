@@ -175,7 +175,8 @@ async def read_vllm(session: aiohttp.ClientSession, settings: Settings) -> list[
 
     timeout = settings.timeout_ms / 1000
     try:
-        return list(await asyncio.wait_for(asyncio.gather(*map(one, settings.metrics_urls)), timeout))
+        async with asyncio.timeout(timeout):
+            return list(await asyncio.gather(*map(one, settings.metrics_urls)))
     except (aiohttp.ClientError, OSError, TimeoutError, ValueError):
         return None
 

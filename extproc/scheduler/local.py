@@ -163,7 +163,6 @@ class LocalScheduler:
         m.queue_in_flight.labels(pool).set(len(self.queue.held))
 
     async def _timer(self) -> None:
-        # Checks `_closed` too: on 3.11 `wait_for` can swallow a cancel that races a wake-up.
         while not self._closed:
             now = self.clock()
             self._apply(self.queue.poll(now))
@@ -172,7 +171,8 @@ class LocalScheduler:
             wake = self.queue.next_wakeup(self.clock())
             timeout = None if wake is None else max(0.0005, wake - self.clock())
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout)
+                async with asyncio.timeout(timeout):
+                    await self._wake.wait()
 
     async def _refresher(self) -> None:
         while not self._closed:

@@ -174,7 +174,8 @@ class Cache(Stage):
             self.metrics.cache_semantic_skips.labels(skip).inc()
             return None
         try:  # any embedder failure or delay: the exact path only
-            f.vector = await asyncio.wait_for(m.embedder.embed(text), self.embed_timeout_s)
+            async with asyncio.timeout(self.embed_timeout_s):
+                f.vector = await m.embedder.embed(text)
         except Exception:
             self.metrics.cache_semantic_skips.labels("embed_error").inc()
             return None
