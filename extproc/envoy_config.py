@@ -103,6 +103,53 @@ def pool_protection() -> dict[str, Any]:
     }
 
 
+def _openai_error(message: str, type: str, code: str) -> dict[str, Any]:
+    return {"json_format": {"error": {"message": message, "type": type, "param": None, "code": code}}}
+
+
+def local_reply_config() -> dict[str, Any]:
+    """Envoy's own error replies in OpenAI's error shape, as the gate's are.
+
+    Only replies Envoy made itself are rewritten: upstream failures carry a response flag,
+    and Envoy's buffer-limit 413 comes for a body without content-length (the gate answers
+    a too-large content-length itself). The gate's immediate responses have neither.
+    """
+    too_large = {
+        "and_filter": {
+            "filters": [
+                {
+                    "status_code_filter": {
+                        "comparison": {
+                            "op": "EQ",
+                            "value": {"default_value": 413, "runtime_key": "llm_gate.413"},
+                        }
+                    }
+                },
+                {
+                    "header_filter": {
+                        "header": {"name": "content-length", "present_match": True, "invert_match": True}
+                    }
+                },
+            ]
+        }
+    }
+    message = f"The request body is over {BUFFER_LIMIT} bytes, the proxy's buffer limit; send a smaller one."
+    return {
+        "mappers": [
+            {
+                "filter": {"response_flag_filter": {}},
+                "body_format_override": _openai_error(
+                    "%LOCAL_REPLY_BODY%", "upstream_error", "%RESPONSE_FLAGS%"
+                ),
+            },
+            {
+                "filter": too_large,
+                "body_format_override": _openai_error(message, "invalid_request_error", "request_too_large"),
+            },
+        ]
+    }
+
+
 def pool_cluster(name: str, addresses: list[tuple[str, int]]) -> dict[str, Any]:
     return {
         "name": name,
@@ -147,6 +194,7 @@ def bootstrap(
         "use_remote_address": True,
         "codec_type": "AUTO",
         "stream_idle_timeout": "300s",
+        "local_reply_config": local_reply_config(),
         "route_config": {
             "name": "llm",
             "virtual_hosts": [{"name": "llm", "domains": ["*"], "routes": routes(list(pools), default_pool)}],
@@ -252,7 +300,8 @@ INCLUDE_HEADER = """\
 # (one route per pool cluster). Keep per_connection_buffer_limit_bytes at or above the
 # gate's validation.max_body_bytes (1 MiB by default).
 # For your pool clusters and routes, copy the retry_policy, circuit_breakers and
-# outlier_detection of envoy/envoy.yaml: the network-level layer beneath the gate's breaker.
+# outlier_detection of envoy/envoy.yaml: the network-level layer beneath the gate's breaker,
+# and the HCM's local_reply_config, so Envoy's own errors are OpenAI-style JSON too.
 """
 
 
@@ -291,6 +340,19 @@ def istio_envoyfilter(
             "applyTo": "CLUSTER",
             "match": {"context": context},
             "patch": {"operation": "ADD", "value": cluster},
+        },
+        {
+            "applyTo": "NETWORK_FILTER",
+            "match": {
+                "context": context,
+                "listener": {
+                    "filterChain": {"filter": {"name": "envoy.filters.network.http_connection_manager"}}
+                },
+            },
+            "patch": {
+                "operation": "MERGE",
+                "value": {"typed_config": {"@type": HCM, "local_reply_config": local_reply_config()}},
+            },
         },
     ]
     return {

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 import urllib.request
+from collections.abc import Iterator
 
 import httpx
 import pytest
@@ -51,3 +52,29 @@ def test_two_workers_both_take_streams() -> None:
             counts = [gate_requests(p) for p in stack.metrics_ports]
         assert sum(counts) == 40
         assert min(counts) >= 10, counts
+
+
+def test_envoys_own_errors_are_openai_json_too() -> None:
+    with Stack() as stack, httpx.Client(base_url=stack.url, timeout=10) as client:
+
+        def chunks() -> Iterator[bytes]:  # no content-length: Envoy's buffer limit answers
+            for _ in range(12):
+                yield b"x" * 100_000
+
+        r = client.post(CHAT, content=chunks(), headers={"content-type": "application/json"})
+        assert r.status_code == 413
+        error = r.json()["error"]
+        assert error["code"] == "request_too_large" and "1048576 bytes" in error["message"]
+        assert (
+            client.post(CHAT, content=b"{", headers={"content-type": "application/json"}).json()["error"][
+                "type"
+            ]
+            == "invalid_request_error"
+        )  # the gate's own replies are left as they are
+
+        stack._stop("sim-primary")
+        r = client.post(CHAT, json=BODY)
+        assert r.status_code == 503
+        error = r.json()["error"]
+        assert error["type"] == "upstream_error" and error["message"] and error["code"]
+        assert set(error) == {"message", "type", "param", "code"}
