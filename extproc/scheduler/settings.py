@@ -66,6 +66,10 @@ class TokenBudget(_Strict):
     tokens_per_minute: dict[str, int] = Field(default_factory=dict)
     # Give back what the response's usage shows was not used.
     reconcile: bool = True
+    # Ask for usage on streams that did not (stream_options.include_usage), so they can be
+    # reconciled too. Off by default: older vLLM rejects the option, and the client then
+    # also gets the final usage chunk (with empty choices) it did not ask for.
+    inject_include_usage: bool = False
 
 
 class Admission(_Strict):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import re
 
+import orjson
 import redis.asyncio as aioredis
 
 from ..config import Config
@@ -42,6 +43,18 @@ def limit_headers(budget: Budget, decision: Decision) -> dict[str, str]:
         "x-ratelimit-remaining-tokens": str(decision.remaining),
         "x-ratelimit-reset-tokens": duration(decision.reset_after),
     }
+
+
+def ask_for_usage(ex: Exchange) -> None:
+    """Make a stream end with its usage chunk, so its reservation can be reconciled."""
+    payload = ex.payload
+    if payload is None or not payload.get("stream"):
+        return
+    options = payload.get("stream_options") or {}
+    if options.get("include_usage"):
+        return
+    payload["stream_options"] = {**options, "include_usage": True}
+    ex.upstream_body = orjson.dumps(payload)
 
 
 class TokenBudget(Stage):
@@ -89,6 +102,8 @@ class TokenBudget(Stage):
             self.metrics.token_budget.labels("allowed").inc()
             self.reserved[ex.request_id] = (budget, cost)
             ex.client_headers.update(headers)
+            if self.settings.token_budget.inject_include_usage:
+                ask_for_usage(ex)
             return None
         self.metrics.token_budget.labels("limited").inc()
         retry = max(1, math.ceil(decision.retry_after / US))

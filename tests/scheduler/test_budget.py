@@ -119,3 +119,20 @@ async def test_a_failing_store_skips_the_budget() -> None:
     assert await s.on_request(exchange()) is None
     assert s.metrics.token_budget.labels("skipped")._value.get() == 1
     await dead.aclose()
+
+
+@pytest.mark.parametrize("inject", [False, True])
+async def test_include_usage_is_asked_for_only_when_configured(inject: bool) -> None:
+    s = stage({"*": 10_000}, inject_include_usage=inject)
+    streamed = exchange()
+    assert streamed.payload is not None
+    streamed.payload["stream"] = True
+    await s.on_request(streamed)
+    if inject:
+        assert streamed.upstream_body is not None
+        assert orjson.loads(streamed.upstream_body)["stream_options"] == {"include_usage": True}
+    else:
+        assert streamed.upstream_body is None
+    plain = exchange()
+    await s.on_request(plain)
+    assert plain.upstream_body is None  # JSON answers carry usage anyway
