@@ -7,6 +7,7 @@ import logging
 import signal
 from pathlib import Path
 
+from .admin import start_admin
 from .breaker.adaptive import AdaptiveLimit
 from .cache.setup import cache_stage
 from .config import Config, ConfigError, load_config
@@ -70,17 +71,20 @@ def reread(path: Path, running: Config) -> Config | None:
     return fresh.model_copy(update={"server": running.server})
 
 
-async def run_gate(
-    config: Config, port: int, metrics_port: int | None, config_path: Path | None = None
-) -> None:
+async def run_gate(config: Config, index: int = 0, config_path: Path | None = None) -> None:
+    """One gate process; worker `index` listens on each configured port + index."""
+    s = config.server
     metrics = Metrics()
-    if metrics_port is not None:
-        metrics.serve(metrics_port, config.server.host)
+    if s.metrics_port is not None:
+        metrics.serve(s.metrics_port + index, s.host)
     running = await start_server(
-        build_pipeline(config, metrics), config.server.host, port, max_message_bytes(config)
+        build_pipeline(config, metrics), s.host, s.port + index, max_message_bytes(config)
     )
+    admin = None
+    if s.admin_port is not None:
+        admin = await start_admin(lambda: running.processor.pipeline, s.host, s.admin_port + index)
     await mark_serving(running.health)
-    log.info("gate listening on %s:%d (metrics %s)", config.server.host, running.port, metrics_port)
+    log.info("gate listening on %s:%d", s.host, running.port)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -104,6 +108,8 @@ async def run_gate(
     loop.add_signal_handler(signal.SIGHUP, lambda: loop.create_task(reload()))
     await stop.wait()
     await running.server.stop(config.server.grace_seconds)
+    if admin is not None:
+        await admin.cleanup()
     await running.processor.pipeline.aclose()
 
 
@@ -115,6 +121,4 @@ def run_process(config: Config, index: int, config_path: Path | None = None) -> 
     import uvloop
 
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s gate[{index}] %(levelname)s %(message)s")
-    metrics_port = config.server.metrics_port
-    port = config.server.port + index
-    uvloop.run(run_gate(config, port, None if metrics_port is None else metrics_port + index, config_path))
+    uvloop.run(run_gate(config, index, config_path))

@@ -95,6 +95,8 @@ class Server(Strict):
     host: str = "127.0.0.1"
     port: int = Field(default=50051, ge=0, le=65535)
     metrics_port: int | None = Field(default=9464, ge=0, le=65535)
+    # Admin HTTP endpoint (cache purge, blocks); worker i on admin_port + i. None: off.
+    admin_port: int | None = Field(default=None, ge=0, le=65535)
     workers: int = Field(default=1, ge=1, le=64)
     grace_seconds: float = Field(default=5.0, ge=0)
 

@@ -15,15 +15,21 @@ import redis.asyncio as aioredis
 
 from ..config import ConfigError, load_config
 from .redis_store import RedisStore
+from .store import Store
+
+
+async def purge_from(store: Store, tenant: str | None, model: str | None, key: str | None) -> int:
+    """Drop one entry by its `x-gate-cache-key` (`scope.key`), or every entry of a tenant/model."""
+    if key is not None:
+        scope, _, entry = key.partition(".")
+        return await store.purge(scope=scope, key=entry)
+    return await store.purge(tenant=tenant, model=model)
 
 
 async def purge(url: str, tenant: str | None, model: str | None, key: str | None) -> int:
     store = RedisStore(aioredis.Redis.from_url(url, socket_timeout=10))
     try:
-        if key is not None:
-            scope, _, entry = key.partition(".")
-            return await store.purge(scope=scope, key=entry)
-        return await store.purge(tenant=tenant, model=model)
+        return await purge_from(store, tenant, model, key)
     finally:
         await store.aclose()
 
