@@ -25,7 +25,7 @@ import yaml
 
 from extproc import envoy_config
 
-from .stack import LOOPBACK, envoy_binary, free_port, free_ports, wait_http, wait_port
+from .stack import LOOPBACK, envoy_command, free_port, free_ports, wait_http, wait_port
 
 RESULTS = Path(__file__).parent / "results" / "bench_gate.md"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -180,19 +180,7 @@ def run_variant(variant: Variant, work: Path, args: argparse.Namespace) -> dict[
             # (HTTP/1.1 here left tens of thousands of loopback ports in TIME_WAIT)
             if cluster["name"] != envoy_config.GATE_CLUSTER:
                 cluster["typed_extension_protocol_options"] = h2
-        path = work / "envoy.yaml"
-        path.write_text(envoy_config.dump(doc))
-        envoy = [
-            envoy_binary(),
-            "-c",
-            str(path),
-            "--use-dynamic-base-id",
-            "--concurrency",
-            "2",
-            "--log-level",
-            "error",
-        ]
-        procs.append(spawn(envoy, work / "envoy.log"))
+        procs.append(spawn(envoy_command(doc, work / "envoy.yaml", "error"), work / "envoy.log"))
         wait_http(f"http://{LOOPBACK}:{admin}/ready", 30)
         question = (
             "'question ' .. counter .. ' of ' .. math.random(1e9)" if variant.unique else "'What is 2+2?'"

@@ -85,6 +85,22 @@ def envoy_binary() -> str:
     return found
 
 
+def envoy_command(doc: dict[str, Any], path: Path, log_level: str) -> list[str]:
+    """Write the bootstrap to `path`; the command that runs Envoy on it (2 worker threads)."""
+    path.write_text(envoy_config.dump(doc))
+    return [
+        envoy_binary(),
+        "-c",
+        str(path),
+        "--use-dynamic-base-id",
+        "--concurrency",
+        "2",
+        "--log-level",
+        log_level,
+        "--disable-hot-restart",
+    ]
+
+
 @dataclass
 class Stack:
     """Ports and processes of one running stack; `gate_config` is merged into the defaults."""
@@ -214,20 +230,7 @@ class Stack:
             pools={pool: [(LOOPBACK, port)] for pool, port in self.pool_ports.items()},
             failure_mode_allow=self.failure_mode_allow,
         )
-        path = self.workdir / "envoy.yaml"
-        path.write_text(envoy_config.dump(doc))
-        args = [
-            envoy_binary(),
-            "-c",
-            str(path),
-            "--use-dynamic-base-id",
-            "--concurrency",
-            "2",
-            "--log-level",
-            "warn",
-            "--disable-hot-restart",
-        ]
-        proc = self._spawn("envoy", args)
+        proc = self._spawn("envoy", envoy_command(doc, self.workdir / "envoy.yaml", "warn"))
         wait_port(self.envoy_port, 30, proc)
         wait_http(f"http://{LOOPBACK}:{self.admin_port}/ready", 30)
 
