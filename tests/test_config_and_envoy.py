@@ -127,3 +127,23 @@ def test_alert_rules_name_only_metrics_the_gate_exports() -> None:
     for rule in rules:
         used = set(re.findall(r"\bgate_[a-z_]+", rule["expr"]))
         assert used and used <= exported, (rule["alert"], used - exported)
+
+
+def test_istio_routing_matches_every_default_pool_and_the_envoy_protection() -> None:
+    import yaml
+
+    from extproc.config import Routing
+
+    docs = list(yaml.safe_load_all((REPO / "istio/routing.yaml").read_text()))
+    service = next(d for d in docs if d["kind"] == "VirtualService")
+    routes = service["spec"]["http"]
+    matched = {m["headers"]["x-gate-cluster"]["exact"] for r in routes for m in r.get("match", [])}
+    assert matched == {pool.cluster for pool in Routing().pools.values()}
+    assert "match" not in service["spec"]["http"][-1]  # pass-through paths have a default route
+    envoy = yaml.safe_load((REPO / "envoy/envoy.yaml").read_text())
+    primary = next(c for c in envoy["static_resources"]["clusters"] if c["name"] == "primary")
+    outlier = primary["outlier_detection"]
+    for rule in (d for d in docs if d["kind"] == "DestinationRule"):
+        od = rule["spec"]["trafficPolicy"]["outlierDetection"]
+        assert od["consecutive5xxErrors"] == outlier["consecutive_5xx"]
+        assert od["consecutiveGatewayErrors"] == outlier["consecutive_gateway_failure"]
