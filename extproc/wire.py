@@ -13,25 +13,23 @@ from .exchange import Reply
 
 Mode = processing_mode_pb2.ProcessingMode
 
-# Restate the whole mode: fields left unset fall back to Envoy's defaults, not to the config.
-PASSTHROUGH = Mode(
-    request_header_mode=Mode.SEND,
-    request_body_mode=Mode.NONE,
-    response_header_mode=Mode.SKIP,
-    response_body_mode=Mode.NONE,
-    request_trailer_mode=Mode.SKIP,
-    response_trailer_mode=Mode.SKIP,
-)
 
+def _mode(request_body: int, response_headers: int, response_body: int) -> processing_mode_pb2.ProcessingMode:
+    """Restate the whole mode: fields left unset fall back to Envoy's defaults, not to the config."""
+    return Mode(
+        request_header_mode=Mode.SEND,
+        request_body_mode=request_body,
+        response_header_mode=response_headers,
+        response_body_mode=response_body,
+        request_trailer_mode=Mode.SKIP,
+        response_trailer_mode=Mode.SKIP,
+    )
+
+
+# Paths the gate does not handle: nothing more of this exchange reaches the gate.
+PASSTHROUGH = _mode(Mode.NONE, Mode.SKIP, Mode.NONE)
 # After the response headers: stream the response body to the gate, chunk by chunk.
-CAPTURE_BODY = Mode(
-    request_header_mode=Mode.SEND,
-    request_body_mode=Mode.BUFFERED,
-    response_header_mode=Mode.SEND,
-    response_body_mode=Mode.STREAMED,
-    request_trailer_mode=Mode.SKIP,
-    response_trailer_mode=Mode.SKIP,
-)
+CAPTURE_BODY = _mode(Mode.BUFFERED, Mode.SEND, Mode.STREAMED)
 
 
 @dataclass

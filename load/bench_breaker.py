@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import statistics
-import subprocess
 import time
 from pathlib import Path
 
@@ -32,7 +31,7 @@ from extproc.redis_conn import connect
 from extproc.stages.breaker import Breaker
 from extproc.stages.route import Route
 
-from .stack import Stack, free_port, wait_port
+from .stack import RedisServer, Stack
 
 RESULTS = Path(__file__).parent / "results" / "bench_breaker.md"
 PAYLOAD = {"model": "llama-3-8b", "messages": [{"role": "user", "content": "hello"}]}
@@ -124,16 +123,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     route_us, breaker_us = asyncio.run(stage_cost(args.requests))
-    port = free_port()
-    redis_proc = subprocess.Popen(
-        ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
-        stdout=subprocess.DEVNULL,
-    )
+    server = RedisServer().start()
     try:
-        wait_port(port, 10, redis_proc)
-        ticks = sorted(asyncio.run(sync_cost(f"redis://127.0.0.1:{port}/0", args.ticks)))
+        ticks = sorted(asyncio.run(sync_cost(server.url, args.ticks)))
     finally:
-        redis_proc.kill()
+        server.kill()
     rows = []
     for signal in ("total", "ttft"):
         config = {"breaker": {"stream_signal": signal}, "ratelimit": {"enabled": False}}

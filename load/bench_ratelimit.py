@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import statistics
-import subprocess
 import time
 import uuid
 from pathlib import Path
@@ -23,7 +22,7 @@ import redis.asyncio as aioredis
 from extproc.ratelimit.check import BucketSpec, Check, RepeatSpec
 from extproc.ratelimit.store import LimitStore, MemoryStore, RedisStore
 
-from .stack import free_port, wait_port
+from .stack import RedisServer
 
 RESULTS = Path(__file__).parent / "results" / "bench_ratelimit.md"
 
@@ -119,17 +118,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--checks", type=int, default=5000)
     parser.add_argument("--concurrency", type=int, default=32)
     args = parser.parse_args(argv)
-    port = free_port()
-    proc = subprocess.Popen(
-        ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
-        stdout=subprocess.DEVNULL,
-    )
+    server = RedisServer().start()
     try:
-        wait_port(port, 10, proc)
-        text = asyncio.run(run(args, f"redis://127.0.0.1:{port}/0"))
+        text = asyncio.run(run(args, server.url))
     finally:
-        proc.kill()
-        proc.wait()
+        server.kill()
     RESULTS.parent.mkdir(exist_ok=True)
     RESULTS.write_text(text)
     print(text)

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import redis
 import yaml
 
 from extproc import envoy_config
@@ -101,6 +102,54 @@ def envoy_command(doc: dict[str, Any], path: Path, log_level: str) -> list[str]:
     ]
 
 
+def redis_command(port: int, workdir: str | Path) -> list[str]:
+    """A throwaway redis-server on loopback that keeps nothing on disk."""
+    return [
+        "redis-server",
+        "--port",
+        str(port),
+        "--bind",
+        LOOPBACK,
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+        "--protected-mode",
+        "no",
+        "--dir",
+        str(workdir),
+    ]
+
+
+class RedisServer:
+    """A redis-server of its own on a free port; `kill()` and `start()` again (same port)."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.dir = tempfile.mkdtemp(prefix="llm-gate-redis-")
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://{LOOPBACK}:{self.port}/0"
+
+    def start(self) -> RedisServer:
+        args = redis_command(self.port, self.dir)
+        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_port(self.port, 10, self.proc)
+        redis.Redis(port=self.port).ping()
+        return self
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(5)
+        self.proc = None
+
+    def flush(self) -> None:
+        redis.Redis(port=self.port).flushall()
+
+
 @dataclass
 class Stack:
     """Ports and processes of one running stack; `gate_config` is merged into the defaults."""
@@ -169,19 +218,7 @@ class Stack:
 
     def start_redis(self) -> None:
         self.redis_port = self.redis_port or free_port()
-        args = [
-            "redis-server",
-            "--port",
-            str(self.redis_port),
-            "--bind",
-            LOOPBACK,
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--dir",
-            str(self.workdir),
-        ]
+        args = redis_command(self.redis_port, self.workdir)
         wait_port(self.redis_port, 10, self._spawn("redis", args))
         self.gate_config = _merge({"store": {"redis_url": self.redis_url}}, self.gate_config)
 

@@ -8,7 +8,7 @@ from hypothesis import HealthCheck, settings
 
 from extproc.embed import OnnxEmbedder, load_embedder
 from extproc.embed.build import build_e5, build_minilm
-from tests.redis_server import RedisServer
+from load.stack import RedisServer
 
 # The machines are shared and noisy: a slow example is not a failure.
 settings.register_profile("gate", deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -11,7 +11,7 @@ import redis.asyncio as aioredis
 from extproc.breaker import shared
 from extproc.breaker.window import Slice, Window
 from extproc.cli import main as cli
-from tests.redis_server import RedisServer
+from load.stack import RedisServer
 
 
 def test_force_then_status_shows_the_shared_state(

@@ -15,7 +15,7 @@ from extproc.breaker.webhook import Notifier
 from extproc.config import Breaker, Store, Webhook
 from extproc.metrics import Metrics
 from extproc.redis_conn import connect
-from tests.redis_server import RedisServer
+from load.stack import RedisServer
 
 CONFIG = Breaker(
     window_s=10,

@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 import pytest
 import redis.asyncio as aioredis
 
-from tests.redis_server import RedisServer
+from load.stack import RedisServer
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ from extproc.cache.setup import ModelError, cache_stage, ensure_model, load_matc
 from extproc.cache.store import MemoryStore, Put
 from extproc.config import CacheSemantic, Config, SemanticProfile
 from extproc.metrics import Metrics
-from tests.redis_server import RedisServer
+from load.stack import RedisServer
 
 
 def test_missing_model_is_built_or_named_with_the_fix(tmp_path: Path) -> None:

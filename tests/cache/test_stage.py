@@ -13,7 +13,7 @@ from extproc.cache.store import MemoryStore, Store
 from extproc.dedup.canonical import canonical
 from extproc.metrics import Metrics
 from extproc.stages.cache import Cache
-from tests.redis_server import RedisServer
+from load.stack import RedisServer
 
 from .helpers import Upstream, WordEmbedder, chat, config, matcher, send
 

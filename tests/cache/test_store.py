@@ -11,7 +11,7 @@ import redis.asyncio as aioredis
 
 from extproc.cache.redis_store import RedisStore
 from extproc.cache.store import MemoryStore, Put, Store
-from tests.redis_server import RedisServer
+from load.stack import RedisServer
 
 S, T = "scope-a", "scope-b"
 

@@ -19,8 +19,7 @@ from typing import Any
 import httpx
 import pytest
 
-from load.stack import Stack, free_port
-from tests.redis_server import RedisServer
+from load.stack import RedisServer, Stack, free_port
 
 CHAT = "/v1/chat/completions"
 WINDOW_S = 4.0

@@ -11,8 +11,7 @@ import httpx
 import pytest
 
 from extproc.ratelimit.admin import main as blocks_cli
-from load.stack import Stack
-from tests.redis_server import RedisServer
+from load.stack import RedisServer, Stack
 
 CHAT = "/v1/chat/completions"
 KEYS = {

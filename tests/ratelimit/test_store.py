@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from extproc.ratelimit.admin import main as blocks_cli
 from extproc.ratelimit.check import BucketSpec, Check, RepeatSpec, Verdict
 from extproc.ratelimit.store import LimitStore, MemoryStore, RedisStore
-from tests.redis_server import RedisServer
+from load.stack import RedisServer
 
 from .cases import CASES, Expect, S
 

@@ -16,7 +16,7 @@ from extproc.metrics import Metrics
 from extproc.ratelimit.gcra import US
 from extproc.scheduler.budget import Budget, BudgetStore, MemoryBudgets, RedisBudgets
 from extproc.stages.token_budget import TokenBudget, used_tokens
-from tests.redis_server import RedisServer
+from load.stack import RedisServer
 
 T0 = 1_700_000_000 * US
 # (seconds after T0, op, tokens) → expected (allowed, remaining) for takes; give-backs return nothing.
