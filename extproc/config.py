@@ -50,6 +50,8 @@ class Validation(Strict):
     # tokenizer.json used to count prompt tokens; None: the bundled default.
     tokenizer: Path | None = None
     required_headers: list[RequiredHeader] = Field(default_factory=list)
+    # Deeper bodies get a 400: every stage after validation may serialise the payload.
+    max_json_depth: int = Field(default=64, ge=2, le=200)
 
 
 class Pool(Strict):

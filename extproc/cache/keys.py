@@ -19,6 +19,8 @@ from typing import Any
 
 import orjson
 
+from ..request import split_last
+
 # Framing-only fields: they change how the answer is delivered, never what it says.
 FRAMING_FIELDS = frozenset({"stream", "stream_options", "user", "metadata", "store"})
 _SPACE = re.compile(r"\s+")
@@ -45,31 +47,6 @@ class Question:
     text: str | None  # the last user message; None when the request has none to compare
     model: str
     tenant: str  # the scope's tenant ("*" when shared)
-
-
-def _text_parts(content: Any) -> str | None:
-    """A message's text, or None when it holds anything but text (images, audio)."""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text" for p in content):
-        return " ".join(str(p["text"]) for p in content)
-    return None
-
-
-def split_last(payload: dict[str, Any]) -> tuple[Any, str | None]:
-    """(the part of the prompt that goes into the scope, the comparable last message)."""
-    messages = payload.get("messages")
-    if isinstance(messages, list) and messages:
-        last = messages[-1]
-        if isinstance(last, dict) and last.get("role") == "user" and set(last) <= {"role", "content"}:
-            text = _text_parts(last.get("content"))
-            if text is not None:
-                return messages[:-1], text
-        return messages, None
-    prompt = payload.get("prompt")
-    if isinstance(prompt, str):
-        return None, prompt
-    return prompt, None
 
 
 def question(payload: dict[str, Any], path: str, tenant: str, shared: bool) -> Question:

@@ -13,7 +13,7 @@ import orjson
 
 from ..config import RateLimit
 from ..exchange import Exchange
-from ..stages.validate import prompt_texts
+from ..request import prompt_texts
 from .check import BucketSpec, Check, RepeatSpec
 from .gcra import US
 from .store import BLOCK

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Any, Protocol
+from typing import Protocol
 
 from ..config import Config
 from ..errors import error_reply
 from ..exchange import Exchange, Reply
 from ..metrics import Metrics
+from ..request import estimated_tokens, last_user_text
 from ..scheduler.client import RemoteScheduler
 from ..scheduler.local import LocalScheduler
 from ..scheduler.queue import Granted, Refused, Ticket
@@ -45,29 +46,9 @@ class Embedded:
         self.scheduler.release(id)
 
 
-def last_user_text(payload: dict[str, Any]) -> str:
-    messages = payload.get("messages")
-    if isinstance(messages, list):
-        for message in reversed(messages):
-            if isinstance(message, dict) and message.get("role") == "user":
-                content = message.get("content")
-                if isinstance(content, list):
-                    return " ".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
-                return str(content or "")
-        return ""
-    prompt = payload.get("prompt")
-    return prompt if isinstance(prompt, str) else " ".join(p for p in prompt or [] if isinstance(p, str))
-
-
 def is_urgent(text: str, words: list[str]) -> bool:
     lowered = text.lower()
     return any(word.lower() in lowered for word in words)
-
-
-def estimated_tokens(payload: dict[str, Any], prompt_tokens: int, default_max_tokens: int) -> int:
-    out = payload.get("max_completion_tokens") or payload.get("max_tokens") or default_max_tokens
-    n = payload.get("n") or 1
-    return prompt_tokens + int(out) * int(n)
 
 
 def overloaded(pool: str, outcome: Refused) -> Reply:

@@ -7,8 +7,8 @@ from typing import Protocol
 from ..config import Routing
 from ..errors import error_reply
 from ..exchange import Exchange, Reply
+from ..request import prompt_texts, token_array_count
 from .base import Stage
-from .validate import prompt_texts, token_array_count
 
 
 class Counter(Protocol):

@@ -21,9 +21,9 @@ from ..exchange import Exchange, Reply
 from ..metrics import Metrics
 from ..ratelimit.gcra import US, Decision
 from ..redis_conn import timeboxed
+from ..request import estimated_tokens
 from ..scheduler.budget import Budget, BudgetStore, MemoryBudgets, RedisBudgets
 from ..scheduler.settings import Admission
-from .admission import estimated_tokens
 from .base import Stage
 from .ratelimit import duration
 

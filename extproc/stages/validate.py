@@ -35,6 +35,25 @@ class RequestError(Exception):
         return error_reply(self.status, self.message, type=type_, param=self.param, code=self.code)
 
 
+def _one_of(value: Any, names: set[str]) -> bool:
+    """`value in names` for any JSON value (an object or array is unhashable)."""
+    return isinstance(value, str) and value in names
+
+
+def too_deep(value: Any, limit: int) -> bool:
+    """Whether arrays and objects nest deeper than `limit` (iterative: any depth is safe)."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
+        if children is None:
+            continue
+        if depth > limit:
+            return True
+        stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
+    return False
+
+
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
@@ -62,7 +81,7 @@ def _check_content(content: Any, where: str, role: str) -> None:
         raise RequestError(f"'{where}' must be a string or an array of content parts.", where)
     for j, part in enumerate(content):
         here = f"{where}[{j}]"
-        if not isinstance(part, dict) or part.get("type") not in PART_TYPES:
+        if not isinstance(part, dict) or not _one_of(part.get("type"), PART_TYPES):
             raise RequestError(
                 f"'{here}' must be an object whose 'type' is one of {sorted(PART_TYPES)}.", here
             )
@@ -82,7 +101,7 @@ def _check_messages(messages: Any) -> None:
         if not isinstance(message, dict):
             raise RequestError(f"'{where}' must be an object with 'role' and 'content'.", where)
         role = message.get("role")
-        if role not in ROLES:
+        if not _one_of(role, ROLES):
             raise RequestError(
                 f"'{where}.role' must be one of {sorted(ROLES)}; got {role!r}.", f"{where}.role"
             )
@@ -154,34 +173,12 @@ def parse_request(body: bytes, path: str, limits: Validation) -> dict[str, Any]:
         raise RequestError(f"The request body is not valid JSON: {exc}.", None) from None
     if not isinstance(payload, dict):
         raise RequestError("The request body must be a JSON object.", None)
+    if too_deep(payload, limits.max_json_depth):
+        raise RequestError(
+            f"The request body nests arrays and objects more than {limits.max_json_depth} levels deep.", None
+        )
     check_payload(payload, path, limits)
     return payload
-
-
-def prompt_texts(payload: dict[str, Any]) -> list[str]:
-    """Every piece of text in the prompt, one per message (or per prompt string)."""
-    if "messages" in payload:
-        texts: list[str] = []
-        for message in payload["messages"]:
-            content = message.get("content")
-            if isinstance(content, str):
-                texts.append(content)
-            elif isinstance(content, list):
-                texts.append(" ".join(p["text"] for p in content if p.get("type") == "text"))
-        return texts
-    prompt = payload.get("prompt")
-    if isinstance(prompt, str):
-        return [prompt]
-    if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
-        return list(prompt)
-    return []
-
-
-def token_array_count(payload: dict[str, Any]) -> int:
-    prompt = payload.get("prompt")
-    if isinstance(prompt, list) and prompt and not isinstance(prompt[0], str):
-        return sum(len(p) if isinstance(p, list) else 1 for p in prompt)
-    return 0
 
 
 class Validate(Stage):

@@ -5,9 +5,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from extproc.cache.keys import question
 from extproc.config import Validation
 from extproc.exchange import Exchange
-from extproc.stages.validate import RequestError, Validate, parse_request, prompt_texts
+from extproc.ratelimit.keys import prompt_fingerprint
+from extproc.request import last_user_text, prompt_texts
+from extproc.stages.validate import RequestError, Validate, parse_request
 
 CHAT = "/v1/chat/completions"
 LIMITS = Validation()
@@ -163,6 +166,74 @@ def test_parsing_any_json_object_raises_only_request_errors(payload: dict[str, o
         parse_request(orjson.dumps(payload), path, LIMITS)
     except RequestError as exc:
         assert exc.status == 400 and exc.message
+
+
+def _message_with(values: st.DataObject) -> dict[str, object]:
+    """A message whose every field may be any JSON value, including content parts."""
+    part = st.fixed_dictionaries(
+        {}, optional={"type": json_values | st.sampled_from(["text", "image_url"]), "text": json_values,
+                      "image_url": json_values}
+    )
+    content = json_values | st.lists(part | json_values, max_size=3)
+    role = json_values | st.sampled_from(["user", "assistant", "system"])
+    return values.draw(
+        st.fixed_dictionaries({}, optional={"role": role, "content": content, "name": json_values,
+                                            "tool_calls": json_values})
+    )
+
+
+@given(st.data(), st.dictionaries(keys, json_values, max_size=4))
+def test_any_json_value_in_any_message_field_is_a_request_error_or_a_usable_payload(
+    data: st.DataObject, extra: dict[str, object]
+) -> None:
+    messages = [_message_with(data) for _ in range(data.draw(st.integers(1, 3)))]
+    body = orjson.dumps({**extra, "model": "m", "messages": messages})
+    try:
+        payload = parse_request(body, CHAT, LIMITS)
+    except RequestError as exc:
+        assert exc.status == 400 and exc.message
+        return
+    # What passed is safe for every stage that reads the request's shape.
+    assert all(isinstance(t, str) for t in prompt_texts(payload))
+    assert isinstance(last_user_text(payload), str)
+    question(payload, CHAT, "t", False)
+    prompt_fingerprint(payload)
+    orjson.dumps(payload)
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("role", {"a": 1}), ("role", ["user"]), ("type", {"x": []}), ("type", ["text"])],
+)
+def test_unhashable_role_or_part_type_is_a_400_naming_the_field(field: str, value: object) -> None:
+    if field == "role":
+        payload = chat(messages=[{"role": value, "content": "hi"}])
+        where = "messages[0].role"
+    else:
+        payload = chat(messages=[msg([{"type": value, "text": "x"}])])
+        where = "messages[0].content[0]"
+    with pytest.raises(RequestError) as err:
+        parse_request(orjson.dumps(payload), CHAT, LIMITS)
+    assert err.value.status == 400 and err.value.param == where
+
+
+@pytest.mark.parametrize("depth", [65, 250, 1000])
+def test_deep_nesting_is_a_400_not_a_failure_later(depth: int) -> None:
+    nested: object = "x"
+    for _ in range(depth):
+        nested = [nested]
+    with pytest.raises(RequestError) as err:
+        parse_request(orjson.dumps(chat(tools=nested)) if depth < 255 else
+                      b'{"model":"m","messages":[{"role":"user","content":"hi"}],"tools":'
+                      + b"[" * depth + b"]" * depth + b"}", CHAT, LIMITS)
+    assert err.value.status == 400 and ("levels deep" in err.value.message or "JSON" in err.value.message)
+
+
+def test_nesting_within_the_limit_passes() -> None:
+    nested: object = "x"
+    for _ in range(60):
+        nested = [nested]
+    assert parse_request(orjson.dumps(chat(tools=nested)), CHAT, LIMITS)["tools"] == nested
 
 
 def _ex(method: str = "POST", **headers: str) -> Exchange:

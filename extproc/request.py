@@ -1,0 +1,106 @@
+"""The one module that knows the shape of an OpenAI request body.
+
+Every helper here takes a payload that passed validation (`stages/validate.py`), yet none
+trusts it: each is total over any JSON value, so a stage built on them cannot raise on
+what a client sent.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def text_of(content: Any) -> str | None:
+    """A message's text, or None when it holds anything but text parts (images, audio)."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text" for p in content):
+        return " ".join(str(p.get("text", "")) for p in content)
+    return None
+
+
+def _any_text(content: Any) -> str:
+    """The text parts of a message's content, whatever else it holds."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return " ".join(
+            p["text"] for p in content if isinstance(p, dict) and p.get("type") == "text"
+            and isinstance(p.get("text"), str)
+        )
+    return ""
+
+
+def prompt_texts(payload: dict[str, Any]) -> list[str]:
+    """Every piece of text in the prompt, one per message (or per prompt string)."""
+    messages = payload.get("messages")
+    if isinstance(messages, list):
+        return [_any_text(m.get("content")) for m in messages if isinstance(m, dict)]
+    prompt = payload.get("prompt")
+    if isinstance(prompt, str):
+        return [prompt]
+    if isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
+        return list(prompt)
+    return []
+
+
+def token_array_count(payload: dict[str, Any]) -> int:
+    """Tokens sent as token ids (legacy completions' `prompt: [[1, 2], ...]` or `[1, 2]`)."""
+    prompt = payload.get("prompt")
+    if isinstance(prompt, list) and prompt and not isinstance(prompt[0], str):
+        return sum(len(p) if isinstance(p, list) else 1 for p in prompt)
+    return 0
+
+
+def last_user_text(payload: dict[str, Any]) -> str:
+    """The newest user message's text (urgency words, logs); the prompt for completions."""
+    messages = payload.get("messages")
+    if isinstance(messages, list):
+        for message in reversed(messages):
+            if isinstance(message, dict) and message.get("role") == "user":
+                return _any_text(message.get("content"))
+        return ""
+    prompt = payload.get("prompt")
+    if isinstance(prompt, str):
+        return prompt
+    return " ".join(p for p in prompt if isinstance(p, str)) if isinstance(prompt, list) else ""
+
+
+def split_last(payload: dict[str, Any]) -> tuple[Any, str | None]:
+    """(the part of the prompt that goes into the cache scope, the comparable last message).
+
+    Only a plain last user message (role and text content, nothing else) is comparable.
+    """
+    messages = payload.get("messages")
+    if isinstance(messages, list) and messages:
+        last = messages[-1]
+        if isinstance(last, dict) and last.get("role") == "user" and set(last) <= {"role", "content"}:
+            text = text_of(last.get("content"))
+            if text is not None:
+                return messages[:-1], text
+        return messages, None
+    prompt = payload.get("prompt")
+    if isinstance(prompt, str):
+        return None, prompt
+    return prompt, None
+
+
+def max_output_tokens(payload: dict[str, Any], default: int) -> int:
+    out = payload.get("max_completion_tokens") or payload.get("max_tokens") or default
+    n = payload.get("n") or 1
+    return int(out) * int(n)
+
+
+def estimated_tokens(payload: dict[str, Any], prompt_tokens: int, default_max_tokens: int) -> int:
+    """What a request may cost at most: its prompt plus every choice's output limit."""
+    return prompt_tokens + max_output_tokens(payload, default_max_tokens)
+
+
+def wants_stream(payload: dict[str, Any]) -> bool:
+    return payload.get("stream") is True
+
+
+def wants_usage(payload: dict[str, Any]) -> bool:
+    """A stream that asked for its usage chunk (`stream_options.include_usage`)."""
+    options = payload.get("stream_options")
+    return isinstance(options, dict) and options.get("include_usage") is True
