@@ -6,7 +6,7 @@ field to blame. Nothing else may escape it (a Hypothesis property checks that).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeGuard
 
 import orjson
 
@@ -35,7 +35,7 @@ class RequestError(Exception):
         return error_reply(self.status, self.message, type=type_, param=self.param, code=self.code)
 
 
-def _one_of(value: Any, names: set[str]) -> bool:
+def _one_of(value: Any, names: set[str]) -> TypeGuard[str]:
     """`value in names` for any JSON value (an object or array is unhashable)."""
     return isinstance(value, str) and value in names
 
@@ -54,6 +54,12 @@ def too_deep(value: Any, limit: int) -> bool:
     return False
 
 
+def shown(value: Any, limit: int = 40) -> str:
+    """A value as an error message may quote it: short, whatever the client sent."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
@@ -69,7 +75,7 @@ def _number(payload: dict[str, Any], name: str, low: float, high: float, *, inte
     ok = _is_int(value) if integer else _is_number(value)
     kind = "an integer" if integer else "a number"
     if not ok or not low <= value <= high:
-        raise RequestError(f"'{name}' must be {kind} between {low:g} and {high:g}; got {value!r}.", name)
+        raise RequestError(f"'{name}' must be {kind} between {low:g} and {high:g}; got {shown(value)}.", name)
 
 
 def _check_content(content: Any, where: str, role: str) -> None:
@@ -103,7 +109,7 @@ def _check_messages(messages: Any) -> None:
         role = message.get("role")
         if not _one_of(role, ROLES):
             raise RequestError(
-                f"'{where}.role' must be one of {sorted(ROLES)}; got {role!r}.", f"{where}.role"
+                f"'{where}.role' must be one of {sorted(ROLES)}; got {shown(role)}.", f"{where}.role"
             )
         if "content" not in message and not (role == "assistant" and "tool_calls" in message):
             raise RequestError(f"'{where}.content' is required.", f"{where}.content")
