@@ -8,46 +8,44 @@ import signal
 from pathlib import Path
 
 from .admin import start_admin
-from .breaker.adaptive import AdaptiveLimit
-from .cache.setup import cache_stage
 from .config import Config, ConfigError, load_config
 from .metrics import Metrics
 from .pipeline import Pipeline
-from .redis_conn import connect
 from .server import mark_serving, start_server
+from .services import Services
 from .stages.admission import Admission
+from .stages.base import Stage
 from .stages.breaker import Breaker
+from .stages.cache import Cache
 from .stages.identity import Identity
 from .stages.prompt_limit import PromptLimit
 from .stages.ratelimit import RateLimit
 from .stages.route import Route
 from .stages.token_budget import TokenBudget
 from .stages.validate import Validate
-from .tokens import TokenCounter
 
 log = logging.getLogger("llm_gate")
 
 
+# The request path, in order. Adding a stage is one line here.
+STAGES: list[type[Stage]] = [
+    Identity,
+    Validate,
+    RateLimit,  # cheap: before anything costly
+    Route,
+    PromptLimit,
+    Breaker,  # may move the request to the pool's fallback
+    Cache,  # scoped by the model that will answer; a hit ends the request here
+    TokenBudget,
+    Admission,  # misses only: wait for a slot of the chosen pool
+]
+
+
 def build_pipeline(config: Config, metrics: Metrics) -> Pipeline:
-    """The request path, in order. Adding a stage is one line here."""
-    v, r = config.validation, config.routing
-    redis = connect(config.store)  # one client per process, shared by the stages
-    breaker = Breaker.from_config(config, metrics)
-    admission = Admission.from_config(config, metrics)
-    stages = [
-        Identity(config.identity),
-        Validate(v),
-        RateLimit.from_config(config, metrics, redis),
-        Route(r),
-        PromptLimit(r, v.max_prompt_tokens, TokenCounter(v.tokenizer)),
-        breaker,  # may move the request to the fallback pool
-        cache_stage(config, metrics, redis),  # scoped by the model that will answer
-        TokenBudget.from_config(config, metrics, redis),
-        admission,  # misses only: wait for a slot of the chosen pool
-    ]
-    # The seed's adaptive limit: a pool slowing down under load gets fewer slots.
-    breaker.breakers.subscribe(AdaptiveLimit(config.breaker, admission.set_capacity_factor))
-    return Pipeline(stages, r.handled_paths, metrics, redis)
+    """The process's services for `config`, and the stages built on them."""
+    services = Services.build(config, metrics)
+    stages = [stage.build(config, services) for stage in STAGES]
+    return Pipeline(stages, config.routing.handled_paths, metrics, services)
 
 
 def max_message_bytes(config: Config) -> int:
@@ -77,9 +75,9 @@ async def run_gate(config: Config, index: int = 0, config_path: Path | None = No
     metrics = Metrics()
     if s.metrics_port is not None:
         metrics.serve(s.metrics_port + index, s.host)
-    running = await start_server(
-        build_pipeline(config, metrics), s.host, s.port + index, max_message_bytes(config)
-    )
+    pipeline = build_pipeline(config, metrics)
+    pipeline.start()
+    running = await start_server(pipeline, s.host, s.port + index, max_message_bytes(config))
     admin = None
     if s.admin_port is not None:
         admin = await start_admin(lambda: running.processor.pipeline, s.host, s.admin_port + index)
@@ -100,6 +98,7 @@ async def run_gate(config: Config, index: int = 0, config_path: Path | None = No
                 return
             # Models may load: off the event loop, so open streams keep flowing meanwhile.
             pipeline = await asyncio.to_thread(build_pipeline, fresh, metrics)
+            pipeline.start()
             running.processor.swap(pipeline)
             config = fresh
             metrics.config_reloads.labels("done").inc()

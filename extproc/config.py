@@ -106,8 +106,13 @@ class Server(Strict):
 class Store(Strict):
     # None: the in-process store (one process only). "redis://127.0.0.1:6379/0" to share.
     redis_url: str | None = None
-    # Every store call is time-boxed; past this the request goes on without the store.
-    op_timeout_ms: float = Field(default=5.0, gt=0)
+    # While the store is up, a call may take this long before the request goes on without
+    # it: long enough that an event loop busy with a burst is not mistaken for an outage.
+    op_timeout_ms: float = Field(default=100.0, gt=0)
+    # The store is down after this many failures in a row (or a failed probe): calls are then
+    # skipped at once until a ping every `probe_interval_ms` finds it back.
+    down_after: int = Field(default=3, ge=1)
+    probe_interval_ms: float = Field(default=500.0, gt=0)
 
 
 class RequestRate(Strict):
@@ -201,9 +206,11 @@ class CacheCoalesce(Strict):
     # A follower waits for its leader at most this long, and never past its admission deadline
     # (admission.deadline_ms of its class): as long as it would have waited for a slot.
     max_wait_s: float = Field(default=30.0, gt=0)
-    lease_s: float = Field(default=10.0, gt=0)  # renewed while the leader's answer arrives
+    # A leader's lease: renewed every third of it while the answer arrives, so a leader whose
+    # process died is replaced within this long.
+    lease_s: float = Field(default=3.0, gt=0)
     poll_ms: float = Field(default=5.0, gt=0)  # first re-check of the store; doubles up to poll_max_ms
-    poll_max_ms: float = Field(default=100.0, gt=0)
+    poll_max_ms: float = Field(default=250.0, gt=0)
 
 
 class SemanticProfile(Strict):
@@ -257,11 +264,9 @@ class Cache(Strict):
     max_temperature: float = Field(default=1.0, ge=0)  # no temperature in the request counts as 1.0
     cache_tool_calls: bool = False
     alias_ttl_s: float = Field(default=300.0, gt=0)  # a paraphrase's own exact entry
-    # Time box of each cache store call. Longer than store.op_timeout_ms: a hit saves a whole
-    # generation, and under a burst the event loop itself delays replies by tens of ms, so a
-    # few ms would skip the cache exactly when a burst needs coalescing. Redis down fails fast
-    # (connection refused), and after one failure a request skips the cache's other calls.
-    op_timeout_ms: float = Field(default=50.0, gt=0)
+    # Time box of each cache store call; None: store.op_timeout_ms. A hit saves a whole
+    # generation, so the cache may wait longer than the cheap checks before it.
+    op_timeout_ms: float | None = Field(default=None, gt=0)
     coalesce: CacheCoalesce = CacheCoalesce()
     semantic: CacheSemantic = CacheSemantic()
 

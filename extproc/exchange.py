@@ -53,6 +53,8 @@ class Exchange:
     capture_body: bool = False
     decision: str = "forward"
     status: int | None = None
+    # Per-request state of the stages, by stage name: stages themselves keep none.
+    state: dict[str, Any] = field(default_factory=dict)
 
     @property
     def route_path(self) -> str:

@@ -54,6 +54,21 @@ class Metrics:
             ["op", "error"],
             registry=r,
         )
+        self.store_up = Gauge(
+            "gate_store_up", "1 while the shared store answers, 0 while it is down.", registry=r
+        )
+        self.store_skipped = Counter(
+            "gate_store_skipped",
+            "Store calls not made because the store was down (the request went on without it).",
+            ["op"],
+            registry=r,
+        )
+        self.background_errors = Counter(
+            "gate_background_errors",
+            "Background tasks (lease renewals, releases, sync loops) that ended with an error.",
+            ["task"],
+            registry=r,
+        )
 
         self.ratelimit_decisions = Counter(
             "gate_ratelimit_decisions",

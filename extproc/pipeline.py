@@ -1,15 +1,25 @@
-"""The pipeline: an ordered list of stages, each hook timed; a failing stage fails open."""
+"""The pipeline: an ordered list of stages, each hook timed, each failure met by its stage's policy.
+
+A stage that fails unexpectedly is counted in `gate_stage_errors_total`. A fail-closed
+stage (identity, validation, limits) then answers a JSON 500 with the request id: a check
+that could not run must not wave the request through. Any other stage is skipped for that
+request, which goes on.
+"""
 
 from __future__ import annotations
 
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
+from .errors import error_reply
 from .exchange import Exchange, Reply
 from .metrics import Metrics
 from .stages.base import Stage
+
+if TYPE_CHECKING:
+    from .services import Services
 
 log = logging.getLogger("llm_gate.pipeline")
 T = TypeVar("T")
@@ -18,12 +28,13 @@ HOOKS = ("on_headers", "on_request", "on_response", "on_response_body", "on_done
 
 class Pipeline:
     def __init__(
-        self, stages: list[Stage], handled_paths: list[str], metrics: Metrics, redis: Any = None
+        self, stages: list[Stage], handled_paths: list[str], metrics: Metrics,
+        services: Services | None = None,
     ) -> None:
         self.stages = stages
         self.handled_paths = frozenset(handled_paths)
         self.metrics = metrics
-        self.redis = redis  # the process's store client, closed with the pipeline
+        self.services = services  # closed with the pipeline
         self.active = 0  # open streams on this pipeline (a retired one closes when it reaches 0)
         # Per hook, only the stages that implement it: a request never awaits a no-op.
         self._hooks = {
@@ -56,31 +67,49 @@ class Pipeline:
         for stage in reversed(self._hooks["on_done"]):
             await self._call(stage, "on_done", stage.on_done(ex))
 
+    def start(self) -> None:
+        """Start the services' background loops (in the running event loop)."""
+        if self.services is not None:
+            self.services.start()
+
     async def aclose(self) -> None:
-        """Retire the pipeline: every stage's background work and the store client stop."""
-        for stage in self.stages:
-            try:
-                await stage.aclose()
-            except Exception:
-                log.exception("stage %s failed to close", stage.name)
-        if self.redis is not None:
-            await self.redis.aclose()
+        """Retire the pipeline: the services it was built on stop and close."""
+        if self.services is not None:
+            await self.services.aclose()
 
     async def _until_reply(self, hook: str, ex: Exchange) -> Reply | None:
         for stage in self._hooks[hook]:
             method: Callable[[Exchange], Awaitable[Reply | None]] = getattr(stage, hook)
             started = time.perf_counter()
-            reply = await self._call(stage, hook, method(ex))
+            try:
+                reply = await method(ex)
+            except Exception:
+                reply = self._failed(stage, hook, ex)
             self._timers[stage.name, hook].observe(time.perf_counter() - started)
             if reply is not None:
                 return reply
         return None
 
+    def _failed(self, stage: Stage, hook: str, ex: Exchange) -> Reply | None:
+        policy = "answering 500" if stage.fail_closed else "skipping it for this request"
+        log.exception("stage %s failed in %s (request %s); %s", stage.name, hook, ex.request_id, policy)
+        self.metrics.stage_errors.labels(stage.name, hook.removeprefix("on_")).inc()
+        if not stage.fail_closed:
+            return None
+        return error_reply(
+            500,
+            f"The gate could not complete its '{stage.name}' check, so the request was not sent on. "
+            f"Retry; if it persists, give the operator request id {ex.request_id}.",
+            type="server_error",
+            code="gate_error",
+            decision="gate_error",
+        )
+
     async def _call(self, stage: Stage, hook: str, call: Awaitable[T]) -> T | None:
-        """A stage that fails is skipped for this request: the request itself goes on."""
+        """After the request went on nothing can be refused: a failing hook is only counted."""
         try:
             return await call
         except Exception:
-            log.exception("stage %s failed in %s; skipping it for this request", stage.name, hook)
+            log.exception("stage %s failed in %s", stage.name, hook)
             self.metrics.stage_errors.labels(stage.name, hook.removeprefix("on_")).inc()
             return None

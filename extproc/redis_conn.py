@@ -1,37 +1,52 @@
-"""Redis access shared by every stage: one client per process, every call time-boxed.
+"""Redis access for the request path: one client per process, and one judge of its health.
 
-Fail open: a store call that errors or takes longer than `op_timeout_ms` returns the
-caller's default and is counted in `gate_store_errors_total`; the request goes on.
+Slow is not down. While the store is **up**, a call may take up to its budget
+(`store.op_timeout_ms`, tens of ms): a reply that queued behind a busy event loop is still a
+reply. One call over budget fails open for that request alone. The store is **down** only
+after `down_after` failures in a row; then calls are skipped at once (fail open, counted in
+`gate_store_skipped_total`) and a ping every `probe_interval_ms` brings it back up.
+
+No call is retried on a time-out: a script that ran but whose reply was late must not run
+twice. The scripts are idempotent by request token anyway, so the one retry on a dead
+pooled connection (after a Redis restart) cannot change an outcome.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable
-from typing import TypeVar
+import time
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, TypeVar
 
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .config import Store
 from .metrics import Metrics
+from .tasks import Tasks
 
 T = TypeVar("T")
 log = logging.getLogger("llm_gate.redis")
+OUTAGE = (RedisConnectionError, RedisTimeoutError, OSError, TimeoutError)
+# The socket's own limit only catches a connection that stopped answering; the budget of a
+# call is enforced above it, per call.
+SOCKET_TIMEOUT_S = 2.0
+# A store that does not answer a ping within this long is down, however busy this process is.
+CHECK_BUDGET_S = 1.0
 
 
 def connect(config: Store) -> aioredis.Redis | None:
     if config.redis_url is None:
         return None
-    timeout = max(config.op_timeout_ms / 1000, 0.001)
     return aioredis.Redis.from_url(
         config.redis_url,
-        socket_timeout=timeout,
-        socket_connect_timeout=max(timeout, 0.05),
+        socket_timeout=SOCKET_TIMEOUT_S,
+        socket_connect_timeout=max(config.op_timeout_ms / 1000, 0.05),
         retry_on_timeout=False,
         health_check_interval=0,
         # After a Redis restart every idle pooled connection is dead and fails its next
@@ -41,12 +56,109 @@ def connect(config: Store) -> aioredis.Redis | None:
     )
 
 
-async def timeboxed(call: Awaitable[T], default: T, timeout_s: float, metrics: Metrics, op: str) -> T:
-    """Await `call` for at most `timeout_s`; on any store failure return `default`.
+class StoreGuard:
+    """Every request-path store call goes through `run`; `up` is this process's view."""
 
-    `asyncio.timeout`, not `wait_for`: on Python 3.11 `wait_for` can swallow a cancellation
-    that races the result, and a background loop then never stops.
-    """
+    def __init__(
+        self, client: aioredis.Redis | None, config: Store, metrics: Metrics, tasks: Tasks,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.client = client
+        self.budget_s = config.op_timeout_ms / 1000
+        self.down_after = config.down_after
+        self.probe_s = config.probe_interval_ms / 1000
+        self.metrics = metrics
+        self.tasks = tasks
+        self.clock = clock
+        self.up = True
+        self.failures = 0  # in a row
+        self.down_since: float | None = None
+        self._checking: asyncio.Task[None] | None = None
+        metrics.store_up.set(1)
+
+    async def run(
+        self, call: Coroutine[Any, Any, T], default: T, op: str, budget_s: float | None = None
+    ) -> T:
+        """`call`'s result; `default` when the store is down, fails, or the call is over budget.
+
+        `asyncio.timeout`, not `wait_for`: on Python 3.11 `wait_for` can swallow a
+        cancellation that races the result, and a background loop then never stops.
+        """
+        if not self.up:
+            call.close()
+            self.metrics.store_skipped.labels(op).inc()
+            return default
+        try:
+            async with asyncio.timeout(budget_s if budget_s is not None else self.budget_s):
+                result = await call
+        except OUTAGE as exc:
+            self._failed(op, exc, outage=True)
+            return default
+        except RedisError as exc:  # the store answered, with an error: not an outage
+            self._failed(op, exc, outage=False)
+            return default
+        self.failures = 0
+        return result
+
+    def _failed(self, op: str, exc: BaseException, *, outage: bool) -> None:
+        self.metrics.store_errors.labels(op, type(exc).__name__).inc()
+        log.debug("store call %s failed: %r", op, exc)
+        if not outage:
+            return
+        self.failures += 1
+        if not self.up or self.failures < self.down_after:
+            return
+        if isinstance(exc, TimeoutError | RedisTimeoutError):
+            # Late replies may be the event loop's fault, not the store's: a ping decides.
+            if self._checking is None:
+                self._checking = self.tasks.spawn(self._check(), "store_check")
+            return
+        self._mark_down(f"{self.failures} failures in a row, the last {type(exc).__name__}")
+
+    async def _check(self) -> None:
+        try:
+            if not await self.ping(CHECK_BUDGET_S):
+                self._mark_down(f"{self.failures} time-outs in a row and no answer to a ping")
+            else:
+                self.failures = 0
+        finally:
+            self._checking = None
+
+    def _mark_down(self, why: str) -> None:
+        if not self.up:
+            return
+        self.up = False
+        self.down_since = self.clock()
+        self.metrics.store_up.set(0)
+        log.warning("store down (%s): cache and limits are skipped until it answers again", why)
+        self.tasks.spawn(self._probe(), "store_probe")
+
+    async def _probe(self) -> None:
+        while not self.up:
+            await asyncio.sleep(self.probe_s)
+            if await self.ping():
+                self.up, self.failures = True, 0
+                self.metrics.store_up.set(1)
+                down_s = self.clock() - (self.down_since or self.clock())
+                log.warning("store up again after %.1fs", down_s)
+
+    async def ping(self, budget_s: float = CHECK_BUDGET_S) -> bool:
+        if self.client is None:
+            return True
+        try:
+            async with asyncio.timeout(budget_s):
+                await self.client.ping()
+        except (*OUTAGE, RedisError):
+            return False
+        return True
+
+    async def aclose(self) -> None:
+        if self.client is not None:
+            await self.client.aclose()
+
+
+async def timeboxed(call: Awaitable[T], default: T, timeout_s: float, metrics: Metrics, op: str) -> T:
+    """Off the request path (the breaker's sync loop): `call` within `timeout_s`, else `default`."""
     try:
         async with asyncio.timeout(timeout_s):
             return await call

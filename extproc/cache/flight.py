@@ -1,14 +1,14 @@
-"""What the cache stage knows about one request, and in-process wake-ups for followers.
+"""What the cache stage knows about one request, and wake-ups for followers.
 
-Followers re-check the store with a growing delay (other processes' leaders); a leader in
-this process also wakes its local followers at once.
+Followers of a leader in another process re-check the store with a growing delay; the
+store's notice that the answer landed wakes them at once.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -30,7 +30,6 @@ class Flight:
     capture: Capture | None = None
     served: bool = False  # answered from the cache (or by a leader)
     store_ok: bool = True  # False once a store call failed: skip the cache for the rest
-    keepalive: asyncio.Task[None] | None = field(default=None, repr=False)
 
     @property
     def slot(self) -> str:

@@ -13,13 +13,18 @@ scopes, for purges.
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Callable
 from typing import Any
 
 import redis.asyncio as aioredis
+from redis.exceptions import RedisError
 
 from .store import Lookup, Put
 
 PREFIX = "gate:c:"
+# Every process listens here: "<scope>.<key>" once an answer landed or a lease was handed back.
+NOTICES = "gate:c:notices"
 
 _NOW = "local t = redis.call('TIME'); local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)\n"
 
@@ -40,8 +45,14 @@ LOOKUP = """
 local e = redis.call('GET', KEYS[1])
 if e then return {'hit', e} end
 if ARGV[1] == '' then return {'none', ''} end
-if redis.call('SET', KEYS[2], ARGV[1], 'NX', 'PX', ARGV[2]) then return {'leader', ''} end
-return {'follower', ''}
+local held = redis.call('GET', KEYS[2])
+if held == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[2], ARGV[2])
+  return {'leader', ''}
+end
+if held then return {'follower', ''} end
+redis.call('SET', KEYS[2], ARGV[1], 'PX', ARGV[2])
+return {'leader', ''}
 """
 
 CANDIDATES = _NOW + """
@@ -102,7 +113,10 @@ return 1
 """
 
 RELEASE = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('PUBLISH', ARGV[2], ARGV[3])
+  return redis.call('DEL', KEYS[1])
+end
 return 0
 """
 
@@ -161,10 +175,26 @@ class RedisStore:
                 pipe.sadd(index, item.scope)
                 pipe.pexpire(index, item.ttl_ms, gt=True)
                 pipe.pexpire(index, item.ttl_ms, nx=True)
+            if item.token is not None:  # followers elsewhere: the answer is in
+                pipe.publish(NOTICES, f"{item.scope}.{item.key}")
             await pipe.execute()
 
     async def release(self, scope: str, key: str, token: str) -> bool:
-        return bool(await self._release(keys=[scope_prefix(scope) + "l:" + key], args=[token]))
+        keys, args = [scope_prefix(scope) + "l:" + key], [token, NOTICES, f"{scope}.{key}"]
+        return bool(await self._release(keys=keys, args=args))
+
+    async def listen(self, wake: Callable[[str], None], idle_s: float = 1.0) -> None:
+        """Call `wake(slot)` for every notice, for as long as the process runs; reconnects."""
+        while True:
+            try:
+                async with self.client.pubsub(ignore_subscribe_messages=True) as pubsub:
+                    await pubsub.subscribe(NOTICES)
+                    while True:
+                        message = await pubsub.get_message(timeout=idle_s)
+                        if message is not None and message.get("type") == "message":
+                            wake(_text(message["data"]))
+            except (RedisError, OSError):
+                await asyncio.sleep(idle_s)
 
     async def renew(self, scope: str, key: str, token: str, lease_ms: int) -> bool:
         return bool(await self._renew(keys=[scope_prefix(scope) + "l:" + key], args=[token, lease_ms]))

@@ -13,17 +13,15 @@ from pathlib import Path
 from typing import Any
 
 from ..config import CacheSemantic as SemanticConfig
-from ..config import Config
-from ..dedup.canonical import canonical
-from ..exchange import Exchange
+from ..config import SemanticProfile
 from ..metrics import Metrics
-from ..stages.cache import Cache, Profile
 from .redis_store import CANDIDATES, LOOKUP, PUT, RELEASE, RENEW, RedisStore
 from .semantic import Matcher
 from .store import MemoryStore, Store
 
 log = logging.getLogger("llm_gate.cache")
 
+Profile = tuple[SemanticProfile, Matcher | None]
 WARMUP = ("warm up", "How do I reset my password?", "怎么开通花呗", "a somewhat longer sentence " * 8)
 
 
@@ -87,8 +85,29 @@ def load_matcher(cfg: SemanticConfig, metrics: Metrics) -> Matcher | None:
     )
 
 
-def load_matchers(cfg: SemanticConfig, metrics: Metrics) -> tuple[Matcher | None, list[Profile]]:
-    """The default matcher and one per profile; profiles that choose the same thing share it."""
+class Matchers:
+    """The default matcher and one per profile (another embedder or operating point for some
+    tenants or routes); profiles that choose the same thing share one."""
+
+    def __init__(self, default: Matcher | None, profiles: list[Profile]) -> None:
+        self.default = default
+        self.profiles = profiles
+
+    def for_request(self, tenant: str, path: str) -> Matcher | None:
+        for profile, matcher in self.profiles:
+            if profile.applies(tenant, path):
+                return matcher
+        return self.default
+
+    async def aclose(self) -> None:
+        every = [self.default, *(m for _, m in self.profiles)]
+        for m in {id(m): m for m in every if m is not None}.values():
+            close = getattr(m.embedder, "aclose", None)
+            if close is not None:
+                await close()
+
+
+def load_matchers(cfg: SemanticConfig, metrics: Metrics) -> Matchers:
     loaded: dict[tuple[object, ...], Matcher | None] = {}
 
     def matcher_for(section: SemanticConfig) -> Matcher | None:
@@ -98,7 +117,7 @@ def load_matchers(cfg: SemanticConfig, metrics: Metrics) -> tuple[Matcher | None
         return loaded[key]
 
     profiles = [(p, matcher_for(cfg.for_profile(p))) for p in cfg.profiles]
-    return matcher_for(cfg), profiles
+    return Matchers(matcher_for(cfg), profiles)
 
 
 def preload_scripts(redis_url: str) -> None:
@@ -114,17 +133,10 @@ def preload_scripts(redis_url: str) -> None:
         log.warning("could not preload cache scripts (%s); they load on first use", exc)
 
 
-def cache_stage(config: Config, metrics: Metrics, redis: Any) -> Cache:
-    """The cache stage for one gate process; `redis` is the process's client (None: in memory)."""
-    c = config.cache
-    store: Store = MemoryStore() if redis is None else RedisStore(redis)
-    if redis is not None and config.store.redis_url and c.enabled:
-        preload_scripts(config.store.redis_url)
-    matcher, profiles = load_matchers(c.semantic, metrics) if c.enabled else (None, [])
-    admission = config.admission
-
-    def may_wait_s(ex: Exchange) -> float:
-        return admission.deadline_s(ex.priority) if admission.enabled else c.coalesce.max_wait_s
-
-    return Cache(c, store, metrics, matcher, c.op_timeout_ms / 1000, canon=canonical,
-                 may_wait_s=may_wait_s, profiles=profiles)
+def answer_store(redis: Any, redis_url: str | None) -> Store:
+    """The answers' store for one process: Redis when configured, else in memory."""
+    if redis is None:
+        return MemoryStore()
+    if redis_url:
+        preload_scripts(redis_url)
+    return RedisStore(redis)

@@ -42,6 +42,8 @@ class Store(Protocol):
     async def lookup(self, scope: str, key: str, token: str | None, lease_ms: int) -> Lookup:
         """The entry; else take the lease (leader) unless another holds it (follower).
 
+        Idempotent by `token`: the lease's own holder asking again is the leader again (and
+        renews it), so a lookup that ran twice cannot make a request follow itself.
         With `token` None, only look: `none` when there is no entry.
         """
 
@@ -94,7 +96,7 @@ class MemoryStore:
         if token is None:
             return Lookup("none")
         held = self.leases.get((scope, key))
-        if held is not None and held[1] > now:
+        if held is not None and held[1] > now and held[0] != token:
             return Lookup("follower")
         self.leases[(scope, key)] = (token, now + lease_ms / 1000)
         return Lookup("leader")

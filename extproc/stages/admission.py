@@ -11,39 +11,31 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Protocol
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from ..config import Config
 from ..errors import error_reply
 from ..exchange import Exchange, Reply
 from ..metrics import Metrics
 from ..request import estimated_tokens, last_user_text
-from ..scheduler.client import RemoteScheduler
-from ..scheduler.local import LocalScheduler
-from ..scheduler.queue import Granted, Refused, Ticket
+from ..scheduler.pools import Pools, Slots
+from ..scheduler.queue import Refused, Ticket
 from ..scheduler.settings import Admission as Settings
 from .base import Stage
+
+if TYPE_CHECKING:
+    from ..services import Services
 
 QUEUE_MS_HEADER = "x-gate-queue-ms"
 
 
-class Slots(Protocol):
-    async def acquire(self, ticket: Ticket, prompt_tokens: int, tenant: str) -> Granted | Refused | None: ...
-    async def release(self, id: str, tokens_used: int, latency_s: float, ok: bool) -> None: ...
+@dataclass(frozen=True)
+class Held:
+    """A granted slot, released exactly once when the exchange ends."""
 
-
-class Embedded:
-    """The in-process queue behind the same calls as the remote one."""
-
-    def __init__(self, scheduler: LocalScheduler) -> None:
-        self.scheduler = scheduler
-
-    async def acquire(self, ticket: Ticket, prompt_tokens: int, tenant: str) -> Granted | Refused | None:
-        await self.scheduler.start()
-        return await self.scheduler.acquire(ticket, prompt_tokens)
-
-    async def release(self, id: str, tokens_used: int, latency_s: float, ok: bool) -> None:
-        self.scheduler.release(id)
+    slots: Slots
+    granted_at: float
 
 
 def is_urgent(text: str, words: list[str]) -> bool:
@@ -72,52 +64,14 @@ def overloaded(pool: str, outcome: Refused) -> Reply:
 class Admission(Stage):
     name = "admission"
 
-    def __init__(self, settings: Settings, metrics: Metrics, workers: int = 1) -> None:
+    def __init__(self, settings: Settings, pools: Pools, metrics: Metrics) -> None:
         self.settings = settings
+        self.pools = pools
         self.metrics = metrics
-        self.workers = workers
-        self.pools: dict[str, Slots] = {}
-        self.embedded: dict[str, LocalScheduler] = {}
-        self.held: dict[str, tuple[Slots, float]] = {}  # request id → (its slots, when granted)
 
     @classmethod
-    def from_config(cls, config: Config, metrics: Metrics) -> Admission:
-        return cls(config.admission, metrics, config.server.workers)
-
-    def slots(self, pool: str) -> Slots:
-        found = self.pools.get(pool)
-        if found is None:
-            s = self.settings
-            address = s.pool(pool).scheduler
-            if address:
-                found = RemoteScheduler(
-                    pool, address, self.metrics, s.scheduler_timeout_ms / 1000, s.lease_ms / 1000
-                )
-            else:
-                local = LocalScheduler(
-                    pool, s.policy(), s.pool(pool).capacity, self.metrics, share=1 / self.workers
-                )
-                self.embedded[pool] = local
-                found = Embedded(local)
-            self.pools[pool] = found
-        return found
-
-    async def aclose(self) -> None:
-        for slots in self.pools.values():
-            if isinstance(slots, Embedded):
-                await slots.scheduler.stop()
-            elif isinstance(slots, RemoteScheduler):
-                await slots.close()
-
-    def set_capacity_factor(self, pool: str, factor: float) -> None:
-        """For the circuit breaker: admit only `factor` (0..1) of the pool's measured capacity.
-
-        Applies to the embedded queue; a remote scheduler takes it through its own hook.
-        """
-        self.slots(pool)
-        local = self.embedded.get(pool)
-        if local is not None:
-            local.set_capacity_factor(factor)
+    def build(cls, config: Config, services: Services) -> Admission:
+        return cls(config.admission, services.pools, services.metrics)
 
     async def on_request(self, ex: Exchange) -> Reply | None:
         if not self.settings.enabled or ex.pool is None or ex.payload is None:
@@ -131,7 +85,7 @@ class Admission(Stage):
             tokens=estimated_tokens(ex.payload, ex.prompt_tokens, s.default_max_tokens),
             deadline_s=s.deadline_s(cls),
         )
-        slots = self.slots(ex.pool)
+        slots = self.pools.slots(ex.pool)
         started = time.perf_counter()
         outcome = await slots.acquire(ticket, ex.prompt_tokens, ex.tenant)
         waited = time.perf_counter() - started
@@ -141,16 +95,15 @@ class Admission(Stage):
         if isinstance(outcome, Refused):
             self.metrics.admission.labels(ex.pool, "shed").inc()
             return overloaded(ex.pool, outcome)
-        self.held[ex.request_id] = (slots, time.perf_counter())
+        ex.state[self.name] = Held(slots, time.perf_counter())
         self.metrics.admission.labels(ex.pool, "granted").inc()
         self.metrics.admission_wait.labels(cls).observe(waited)
         ex.client_headers[QUEUE_MS_HEADER] = str(round(waited * 1000))
         return None
 
     async def on_done(self, ex: Exchange) -> None:
-        held = self.held.pop(ex.request_id, None)
-        if held is None:
+        held = ex.state.pop(self.name, None)
+        if not isinstance(held, Held):
             return
-        slots, granted_at = held
         ok = ex.status is not None and ex.status < 500
-        await slots.release(ex.request_id, 0, time.perf_counter() - granted_at, ok)
+        await held.slots.release(ex.request_id, 0, time.perf_counter() - held.granted_at, ok)

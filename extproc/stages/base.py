@@ -1,12 +1,30 @@
-"""The stage interface: every hook is optional and returns a Reply to answer now."""
+"""The stage interface: every hook is optional and returns a Reply to answer now.
+
+A stage is built one way, `build(config, services)`: its config section plus the
+process's services. It keeps no per-request state of its own (that lives in
+`Exchange.state`), and states its failure policy: a stage that guards the gate
+(`fail_closed`) answers a JSON 500 when it fails unexpectedly; the others are skipped for
+that request and the request goes on.
+"""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Self
+
 from ..exchange import Exchange, Reply
+
+if TYPE_CHECKING:
+    from ..config import Config
+    from ..services import Services
 
 
 class Stage:
     name = "stage"
+    fail_closed = False
+
+    @classmethod
+    def build(cls, config: Config, services: Services) -> Self:
+        raise TypeError(f"{cls.__name__} does not say how it is built")
 
     async def on_headers(self, ex: Exchange) -> Reply | None:
         """Request headers are in; the body is not."""
@@ -29,8 +47,4 @@ class Stage:
 
     async def on_done(self, ex: Exchange) -> None:
         """The exchange ended, however it ended: release what the stage holds."""
-        return None
-
-    async def aclose(self) -> None:
-        """The pipeline is retired (a config reload): stop background work, close clients."""
         return None

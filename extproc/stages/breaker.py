@@ -14,18 +14,20 @@ Runs after Route and PromptLimit have chosen the pool; re-routes with `Route.sen
 
 from __future__ import annotations
 
-import contextlib
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from ..breaker.monitor import Breakers
 from ..config import Breaker as BreakerConfig
 from ..config import Config, Routing
 from ..exchange import Exchange, Reply
-from ..metrics import Metrics
-from ..redis_conn import connect
+from ..request import wants_stream
 from .base import Stage
 from .route import Route
+
+if TYPE_CHECKING:
+    from ..services import Services
 
 
 @dataclass
@@ -66,22 +68,10 @@ class Breaker(Stage):
         self.config = config
         self.default_prompt_limit = default_prompt_limit
         self.route = Route(routing)
-        self.calls: dict[str, Call] = {}
-
-    async def aclose(self) -> None:
-        await self.breakers.close()
 
     @classmethod
-    def from_config(cls, config: Config, metrics: Metrics) -> Breaker:
-        """Its own Redis client: the sync loop is off the request path and gets a looser
-        time box (`breaker.sync_timeout_ms`) than the request-path client."""
-        b = config.breaker
-        store = config.store.model_copy(update={"op_timeout_ms": b.sync_timeout_ms})
-        breakers = Breakers(b, config.routing.pools, metrics, connect(store))
-        if b.enabled:
-            with contextlib.suppress(RuntimeError):  # no running loop (tests): starts on first request
-                breakers.start()
-        return cls(breakers, config.routing, b, config.validation.max_prompt_tokens)
+    def build(cls, config: Config, services: Services) -> Breaker:
+        return cls(services.breakers, config.routing, config.breaker, config.validation.max_prompt_tokens)
 
     async def on_request(self, ex: Exchange) -> Reply | None:
         if not self.config.enabled or ex.pool is None or ex.payload is None:
@@ -96,7 +86,7 @@ class Breaker(Stage):
             pool, version = fallback, self.breakers.version(fallback)
         else:
             version = choice.version
-        self.calls[ex.request_id] = Call(pool, version, ex.payload.get("stream") is True)
+        ex.state[self.name] = Call(pool, version, wants_stream(ex.payload))
         return None
 
     def _fits(self, ex: Exchange, pool: str) -> bool:
@@ -105,21 +95,21 @@ class Breaker(Stage):
         return ex.prompt_tokens <= limit
 
     async def on_response(self, ex: Exchange, status: int, headers: dict[str, str]) -> None:
-        call = self.calls.get(ex.request_id)
-        if call is None or ex.upstream_started is None:
+        call = ex.state.get(self.name)
+        if not isinstance(call, Call) or ex.upstream_started is None:
             return
         call.status, call.headers_at = status, time.perf_counter()
         if call.stream and self.config.stream_signal == "ttft" and 200 <= status < 300:
             ex.capture_body = True
 
     async def on_response_body(self, ex: Exchange, chunk: bytes, end: bool) -> None:
-        call = self.calls.get(ex.request_id)
-        if call is not None and call.first_chunk_at is None and chunk:
+        call = ex.state.get(self.name)
+        if isinstance(call, Call) and call.first_chunk_at is None and chunk:
             call.first_chunk_at = time.perf_counter()
 
     async def on_done(self, ex: Exchange) -> None:
-        call = self.calls.pop(ex.request_id, None)
-        if call is None or ex.upstream_started is None:
+        call = ex.state.pop(self.name, None)
+        if not isinstance(call, Call) or ex.upstream_started is None:
             return
         latency, error = measure(call, ex.upstream_started, time.perf_counter(), self.config.stream_signal)
         if latency is not None or error:

@@ -4,8 +4,9 @@ let identical requests in flight wait for one answer instead of each calling the
 Order, cheapest first: the exact key (one store call, which also elects the leader of an
 identical burst), then one embedding and the semantic lookup. A hit is an immediate response
 and nothing after this stage runs. On a miss the answer is captured and stored when complete,
-and the lease is handed back however the exchange ends. Every store call is time-boxed: on
-failure the request skips the cache and flows on.
+and the lease is handed back however the exchange ends (coalescing: `cache/lease.py`).
+While the store is up, its calls wait within their budget; when it is down, or one call
+fails, the request skips the cache and flows on.
 """
 
 from __future__ import annotations
@@ -14,56 +15,71 @@ import asyncio
 import contextlib
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
-from typing import TypeVar
+from collections.abc import Callable, Coroutine
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..cache.entry import Capture, Entry, content_kind
-from ..cache.flight import Flight, Wakeups
+from ..cache.flight import Flight
 from ..cache.keys import exact_key, normalise, question
+from ..cache.lease import Leases
 from ..cache.replay import replay
 from ..cache.rules import access
-from ..cache.semantic import Matcher
-from ..cache.store import Lookup, Put, Store
+from ..cache.setup import Matchers
+from ..cache.store import Put, Store
 from ..config import Cache as CacheConfig
-from ..config import SemanticProfile
+from ..config import Config
+from ..dedup.canonical import canonical
 from ..exchange import Exchange, Reply
 from ..metrics import Metrics
-from ..redis_conn import timeboxed
+from ..redis_conn import StoreGuard
+from ..request import wants_stream, wants_usage
 from .base import Stage
+
+if TYPE_CHECKING:
+    from ..services import Services
 
 CACHE_HEADER = "x-gate-cache"
 SIMILARITY_HEADER = "x-gate-similarity"
 MATCH_HEADER = "x-gate-cache-match"
 KEY_HEADER = "x-gate-cache-key"
 T = TypeVar("T")
-Profile = tuple[SemanticProfile, Matcher | None]
 
 
 class Cache(Stage):
     name = "cache"
 
     def __init__(
-        self, config: CacheConfig, store: Store, metrics: Metrics, matcher: Matcher | None,
-        op_timeout_s: float, *, canon: Callable[[str], str] = normalise,
+        self, config: CacheConfig, store: Store, leases: Leases, guard: StoreGuard, metrics: Metrics,
+        matchers: Matchers, *, canon: Callable[[str], str] = normalise,
         clock: Callable[[], float] = time.monotonic, may_wait_s: Callable[[Exchange], float] | None = None,
-        profiles: Sequence[Profile] = (),
+        op_timeout_s: float | None = None,
     ) -> None:
         self.config = config
         self.store = store
+        self.leases = leases
+        self.guard = guard
         self.metrics = metrics
-        self.matcher = matcher
-        self.profiles = profiles  # per tenant / route: another embedder or operating point
-        self.op_timeout_s = op_timeout_s
+        self.matchers = matchers
         self.canon = canon
         self.clock = clock
         # How long a request may wait for a slot (its admission deadline): a follower waits no longer.
         self.may_wait_s = may_wait_s or (lambda ex: config.coalesce.max_wait_s)
+        self.op_timeout_s = op_timeout_s
         self.embed_timeout_s = config.semantic.embed_timeout_ms / 1000
-        self.flights: dict[str, Flight] = {}  # by request id, until on_done
-        self.wakeups = Wakeups()
 
-    async def _timed(self, f: Flight, call: Awaitable[T], op: str) -> T | None:
-        result = await timeboxed(call, None, self.op_timeout_s, self.metrics, f"cache_{op}")
+    @classmethod
+    def build(cls, config: Config, services: Services) -> Cache:
+        admission, c = config.admission, config.cache
+
+        def may_wait_s(ex: Exchange) -> float:
+            return admission.deadline_s(ex.priority) if admission.enabled else c.coalesce.max_wait_s
+
+        budget = c.op_timeout_ms / 1000 if c.op_timeout_ms is not None else None
+        return cls(c, services.answers, services.leases, services.store, services.metrics, services.matchers,
+                   canon=canonical, may_wait_s=may_wait_s, op_timeout_s=budget)
+
+    async def _timed(self, f: Flight, call: Coroutine[Any, Any, T], op: str) -> T | None:
+        result = await self.guard.run(call, None, f"cache_{op}", self.op_timeout_s)
         if result is None:
             f.store_ok = False
         return result
@@ -78,10 +94,8 @@ class Cache(Stage):
             self._outcome(ex, "bypass")
             return None
         q = question(ex.payload, ex.route_path, ex.tenant, self.config.shared_across_tenants)
-        options = ex.payload.get("stream_options")
-        f = Flight(q, exact_key(q, self.canon), acc, bool(ex.payload.get("stream")),
-                   isinstance(options, dict) and bool(options.get("include_usage")))
-        self.flights[ex.request_id] = f
+        f = Flight(q, exact_key(q, self.canon), acc, wants_stream(ex.payload), wants_usage(ex.payload))
+        ex.state[self.name] = f
         if acc.lookup:
             reply = await self._exact(ex, f)
             if reply is not None:
@@ -100,73 +114,20 @@ class Cache(Stage):
         ex.client_headers[CACHE_HEADER] = "bypass" if result == "skipped" else result
 
     async def _exact(self, ex: Exchange, f: Flight) -> Reply | None:
-        coalesce = self.config.coalesce
-        token = uuid.uuid4().hex if coalesce.enabled and f.access.store else None
-        found = await self._timed(f, self._lookup(f, token), "lookup")
-        followed = found is not None and found.role == "follower" and token is not None
-        if followed and token is not None:
-            found = await self._follow(f, token, min(self.config.coalesce.max_wait_s, self.may_wait_s(ex)))
-        if found is None:
-            return None
-        if found.role == "leader":
-            self._lead(f, token)
-        elif found.role == "hit" and found.entry is not None:
-            return self._hit(ex, f, found.entry, "coalesced" if followed else "hit", f.key)
+        c = self.config.coalesce
+        lead = c.enabled and f.access.store
+        wait_s = min(c.max_wait_s, self.may_wait_s(ex))
+        claim = await self.leases.claim(f.q.scope, f.key, lead=lead, wait_s=wait_s)
+        if claim.role == "unavailable":
+            f.store_ok = False
+        elif claim.role == "leader":
+            f.token = claim.token
+        elif claim.role == "hit" and claim.entry is not None:
+            return self._hit(ex, f, claim.entry, "coalesced" if claim.coalesced else "hit", f.key)
         return None
 
-    async def _follow(self, f: Flight, token: str, wait_s: float) -> Lookup | None:
-        """Wait for the leader's answer, as long as this request may wait; None: go upstream."""
-        c = self.config.coalesce
-        started = self.clock()
-        deadline, delay = started + wait_s, c.poll_ms / 1000
-        outcome, found = "timeout", None
-        while (remaining := deadline - self.clock()) > 0:
-            await self.wakeups.wait(f.slot, min(delay, remaining))
-            found = await self._timed(f, self._lookup(f, token), "lookup")
-            if found is None:
-                outcome = "store_error"
-                break
-            if found.role in ("hit", "leader"):
-                outcome = "answered" if found.role == "hit" else "promoted"
-                break
-            delay = min(delay * 2, c.poll_max_ms / 1000)
-        self.metrics.cache_coalesce_wait.labels(outcome).observe(self.clock() - started)
-        return found if outcome in ("answered", "promoted") else None
-
-    def _lead(self, f: Flight, token: str | None) -> None:
-        f.token = token
-        if token is not None:
-            f.keepalive = asyncio.ensure_future(self._keep_lease(f, token))
-
-    async def _keep_lease(self, f: Flight, token: str) -> None:
-        lease_s = self.config.coalesce.lease_s
-        while f.token == token:
-            await asyncio.sleep(lease_s / 3)
-            if f.token == token:
-                await timeboxed(self.store.renew(f.q.scope, f.key, token, self._lease_ms()), False,
-                                self.op_timeout_s, self.metrics, "cache_renew")
-
-    def _lookup(self, f: Flight, token: str | None) -> Awaitable[Lookup]:
-        return self.store.lookup(f.q.scope, f.key, token, self._lease_ms())
-
-    def _lease_ms(self) -> int:
-        return int(self.config.coalesce.lease_s * 1000)
-
-    async def aclose(self) -> None:
-        matchers = {id(m): m for m in [self.matcher, *(m for _, m in self.profiles)] if m is not None}
-        for m in matchers.values():
-            close = getattr(m.embedder, "aclose", None)
-            if close is not None:
-                await close()
-
-    def matcher_for(self, ex: Exchange) -> Matcher | None:
-        for profile, matcher in self.profiles:
-            if profile.applies(ex.tenant, ex.route_path):
-                return matcher
-        return self.matcher
-
     async def _semantic(self, ex: Exchange, f: Flight) -> Reply | None:
-        m, text = self.matcher_for(ex), f.q.text
+        m, text = self.matchers.for_request(ex.tenant, ex.route_path), f.q.text
         if m is None or text is None or not f.store_ok:
             return None
         skip = m.skip_reason(text)
@@ -237,8 +198,8 @@ class Cache(Stage):
     # ------------------------------------------------------------------ response
 
     async def on_response(self, ex: Exchange, status: int, headers: dict[str, str]) -> None:
-        f = self.flights.get(ex.request_id)
-        if f is None or f.served:
+        f = ex.state.get(self.name)
+        if not isinstance(f, Flight) or f.served:
             return
         kind = content_kind(headers.get("content-type", ""))
         if 200 <= status < 300 and kind is not None and f.access.store and f.store_ok:
@@ -247,11 +208,11 @@ class Cache(Stage):
             return
         if f.access.store and f.store_ok:
             self.metrics.cache_stores.labels("uncacheable").inc()
-        await self._release(f)
+        await self._finish(f, None, stored=False)
 
     async def on_response_body(self, ex: Exchange, chunk: bytes, end: bool) -> None:
-        f = self.flights.get(ex.request_id)
-        if f is None or f.capture is None:
+        f = ex.state.get(self.name)
+        if not isinstance(f, Flight) or f.capture is None:
             return
         f.capture.feed(chunk)
         if not end:
@@ -260,7 +221,7 @@ class Cache(Stage):
         kept = capture.finish(self.config.cache_tool_calls)
         if kept is None:
             self.metrics.cache_stores.labels("uncacheable").inc()
-            await self._release(f)
+            await self._finish(f, None, stored=False)
             return
         body, events = kept
         entry = Entry(capture.kind, body, events, f.q.text or "", f.q.model, f.q.tenant, time.time())
@@ -268,38 +229,26 @@ class Cache(Stage):
 
     async def _put(self, f: Flight, entry: Entry, ttl_s: float, *, with_vector: bool) -> None:
         vector = f.vector.astype("float32").tobytes() if with_vector and f.vector is not None else None
-        item = Put(f.q.scope, f.key, entry.dump(), int(ttl_s * 1000), self.config.max_entries_per_scope,
+        raw = entry.dump()
+        item = Put(f.q.scope, f.key, raw, int(ttl_s * 1000), self.config.max_entries_per_scope,
                    f.q.tenant, f.q.model, vector, f.bands if vector else (), f.token)
-        done = await timeboxed(_true(self.store.put(item)), False, self.op_timeout_s, self.metrics,
-                               "cache_put")
+        done = await self.guard.run(_true(self.store.put(item)), False, "cache_put", self.op_timeout_s)
         self.metrics.cache_stores.labels("stored" if done else "failed").inc()
-        if done:
-            self._stop_leading(f)
-        else:
-            await self._release(f)
+        await self._finish(f, raw, stored=done)
 
-    def _stop_leading(self, f: Flight) -> None:
-        f.token = None
-        if f.keepalive is not None:
-            f.keepalive.cancel()
-            f.keepalive = None
-        self.wakeups.wake(f.slot)
-
-    async def _release(self, f: Flight) -> None:
-        token = f.token
-        self._stop_leading(f)
+    async def _finish(self, f: Flight, entry: bytes | None, *, stored: bool) -> None:
+        """Lead no more: followers get `entry` (or one of them takes over), the lease goes back."""
+        token, f.token = f.token, None
         if token is not None:
-            await timeboxed(self.store.release(f.q.scope, f.key, token), False, self.op_timeout_s,
-                            self.metrics, "cache_release")
+            await self.leases.finish(f.q.scope, f.key, token, entry, stored=stored)
 
     async def on_done(self, ex: Exchange) -> None:
-        f = self.flights.pop(ex.request_id, None)
-        if f is not None and f.token is not None:
-            await self._release(f)
+        f = ex.state.get(self.name)
+        if isinstance(f, Flight) and f.token is not None:
+            await self._finish(f, None, stored=False)
 
 
-
-async def _true(call: Awaitable[None]) -> bool:
+async def _true(call: Coroutine[Any, Any, None]) -> bool:
     await call
     return True
 

@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import hashlib
+from typing import TYPE_CHECKING
 
 from ..config import TIERS, Caller
 from ..config import Identity as IdentityConfig
 from ..errors import error_reply
 from ..exchange import Exchange, Reply
 from .base import Stage
+
+if TYPE_CHECKING:
+    from ..config import Config
+    from ..services import Services
 
 
 def api_key(headers: dict[str, str]) -> str | None:
@@ -46,9 +51,14 @@ def resolve(config: IdentityConfig, headers: dict[str, str]) -> Caller | None:
 
 class Identity(Stage):
     name = "identity"
+    fail_closed = True
 
     def __init__(self, config: IdentityConfig) -> None:
         self.config = config
+
+    @classmethod
+    def build(cls, config: Config, services: Services) -> Identity:
+        return cls(config.identity)
 
     async def on_headers(self, ex: Exchange) -> Reply | None:
         caller = resolve(self.config, ex.headers)

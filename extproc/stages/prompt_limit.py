@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from ..config import Routing
 from ..errors import error_reply
 from ..exchange import Exchange, Reply
 from ..request import prompt_texts, token_array_count
 from .base import Stage
+
+if TYPE_CHECKING:
+    from ..config import Config
+    from ..services import Services
 
 
 class Counter(Protocol):
@@ -17,11 +21,16 @@ class Counter(Protocol):
 
 class PromptLimit(Stage):
     name = "prompt_limit"
+    fail_closed = True
 
     def __init__(self, routing: Routing, default_limit: int, counter: Counter) -> None:
         self.routing = routing
         self.default_limit = default_limit
         self.counter = counter
+
+    @classmethod
+    def build(cls, config: Config, services: Services) -> PromptLimit:
+        return cls(config.routing, config.validation.max_prompt_tokens, services.tokens)
 
     async def on_request(self, ex: Exchange) -> Reply | None:
         assert ex.payload is not None and ex.pool is not None

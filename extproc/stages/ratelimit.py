@@ -2,14 +2,14 @@
 
 Runs after validation and before anything costly. A store that fails or is slow skips the
 limits for that request (counted in `gate_store_errors_total{op="ratelimit"}`), except on
-the paths the operator marked fail-closed, which get a 503.
+the paths the operator marked fail-closed, which get a 503. A store that is up but slow is
+waited for within `store.op_timeout_ms` (see `redis_conn.StoreGuard`).
 """
 
 from __future__ import annotations
 
 import math
-
-import redis.asyncio as aioredis
+from typing import TYPE_CHECKING
 
 from ..config import Config
 from ..config import RateLimit as RateLimitConfig
@@ -19,9 +19,12 @@ from ..metrics import Metrics
 from ..ratelimit.check import Verdict
 from ..ratelimit.gcra import US, Decision
 from ..ratelimit.keys import client_ip, plan, prompt_fingerprint
-from ..ratelimit.store import LimitStore, MemoryStore, RedisStore
-from ..redis_conn import timeboxed
+from ..ratelimit.store import LimitStore
+from ..redis_conn import StoreGuard
 from .base import Stage
+
+if TYPE_CHECKING:
+    from ..services import Services
 
 LIMIT = "x-ratelimit-limit-requests"
 REMAINING = "x-ratelimit-remaining-requests"
@@ -53,20 +56,19 @@ def retry_headers(wait_us: int) -> dict[str, str]:
 
 class RateLimit(Stage):
     name = "ratelimit"
+    fail_closed = True  # a limit that breaks must not let the request through unchecked
 
     def __init__(
-        self, config: RateLimitConfig, store: LimitStore, metrics: Metrics, timeout_s: float
+        self, config: RateLimitConfig, store: LimitStore, metrics: Metrics, guard: StoreGuard
     ) -> None:
         self.config = config
         self.store = store
         self.metrics = metrics
-        self.timeout_s = timeout_s
+        self.guard = guard
 
     @classmethod
-    def from_config(cls, config: Config, metrics: Metrics, redis: aioredis.Redis | None) -> RateLimit:
-        prefix = config.ratelimit.key_prefix
-        store: LimitStore = MemoryStore(prefix) if redis is None else RedisStore(redis, prefix)
-        return cls(config.ratelimit, store, metrics, config.store.op_timeout_ms / 1000)
+    def build(cls, config: Config, services: Services) -> RateLimit:
+        return cls(config.ratelimit, services.limits, services.metrics, services.store)
 
     async def on_request(self, ex: Exchange) -> Reply | None:
         if not self.config.enabled or ex.payload is None:
@@ -75,7 +77,7 @@ class RateLimit(Stage):
         check = plan(self.config, ex, ip, prompt_fingerprint(ex.payload))
         if not check.buckets and check.repeat is None:
             return None
-        verdict = await timeboxed(self.store.check(check), None, self.timeout_s, self.metrics, "ratelimit")
+        verdict = await self.guard.run(self.store.check(check), None, "ratelimit")
         if verdict is None:
             return self._store_down(ex)
         index = verdict.tightest()

@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import orjson
 
 from ..config import Routing
 from ..errors import error_reply
 from ..exchange import Exchange, Reply
 from .base import Stage
+
+if TYPE_CHECKING:
+    from ..config import Config
+    from ..services import Services
 
 CLUSTER_HEADER = "x-gate-cluster"
 
@@ -25,9 +31,14 @@ def choose_pool(routing: Routing, model: str, path: str, scene: str) -> str | No
 
 class Route(Stage):
     name = "route"
+    fail_closed = True  # an unrouted request must not reach whichever pool is the default
 
     def __init__(self, routing: Routing) -> None:
         self.routing = routing
+
+    @classmethod
+    def build(cls, config: Config, services: Services) -> Route:
+        return cls(config.routing)
 
     async def on_request(self, ex: Exchange) -> Reply | None:
         assert ex.payload is not None

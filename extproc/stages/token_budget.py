@@ -11,20 +11,24 @@ from __future__ import annotations
 
 import math
 import re
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import orjson
-import redis.asyncio as aioredis
 
 from ..config import Config
 from ..errors import error_reply
 from ..exchange import Exchange, Reply
 from ..metrics import Metrics
 from ..ratelimit.gcra import US, Decision
-from ..redis_conn import timeboxed
+from ..redis_conn import StoreGuard
 from ..request import estimated_tokens
-from ..scheduler.budget import Budget, BudgetStore, MemoryBudgets, RedisBudgets
+from ..scheduler.budget import Budget, BudgetStore
 from ..scheduler.settings import Admission
 from .base import Stage
+
+if TYPE_CHECKING:
+    from ..services import Services
 from .ratelimit import duration
 
 TAIL_BYTES = 16_384  # the usage object sits at the end of a body or stream
@@ -57,29 +61,33 @@ def ask_for_usage(ex: Exchange) -> None:
     ex.upstream_body = orjson.dumps(payload)
 
 
+@dataclass
+class Reserved:
+    """One request's reservation, and the tail of its answer once it streams back."""
+
+    budget: Budget
+    cost: int
+    tail: bytes | None = None
+
+
 class TokenBudget(Stage):
     name = "token_budget"
 
+    fail_closed = True
+
     def __init__(
-        self,
-        settings: Admission,
-        store: BudgetStore,
-        metrics: Metrics,
-        timeout_s: float,
+        self, settings: Admission, store: BudgetStore, metrics: Metrics, guard: StoreGuard,
         prefix: str = "gate:tb:",
     ) -> None:
         self.settings = settings
         self.store = store
         self.metrics = metrics
-        self.timeout_s = timeout_s
+        self.guard = guard
         self.prefix = prefix
-        self.reserved: dict[str, tuple[Budget, int]] = {}
-        self.tails: dict[str, bytes] = {}
 
     @classmethod
-    def from_config(cls, config: Config, metrics: Metrics, redis: aioredis.Redis | None) -> TokenBudget:
-        store: BudgetStore = RedisBudgets(redis) if redis is not None else MemoryBudgets()
-        return cls(config.admission, store, metrics, config.store.op_timeout_ms / 1000)
+    def build(cls, config: Config, services: Services) -> TokenBudget:
+        return cls(config.admission, services.budgets, services.metrics, services.store)
 
     def budget_for(self, tenant: str) -> Budget | None:
         per_tenant = self.settings.token_budget.tokens_per_minute
@@ -91,16 +99,14 @@ class TokenBudget(Stage):
         if budget is None or ex.payload is None:
             return None
         cost = estimated_tokens(ex.payload, ex.prompt_tokens, self.settings.default_max_tokens)
-        decision = await timeboxed(
-            self.store.take(budget, cost), None, self.timeout_s, self.metrics, "token_budget"
-        )
+        decision = await self.guard.run(self.store.take(budget, cost), None, "token_budget")
         if decision is None:
             self.metrics.token_budget.labels("skipped").inc()
             return None
         headers = limit_headers(budget, decision)
         if decision.allowed:
             self.metrics.token_budget.labels("allowed").inc()
-            self.reserved[ex.request_id] = (budget, cost)
+            ex.state[self.name] = Reserved(budget, cost)
             ex.client_headers.update(headers)
             if self.settings.token_budget.inject_include_usage:
                 ask_for_usage(ex)
@@ -121,43 +127,30 @@ class TokenBudget(Stage):
         )
 
     async def on_response(self, ex: Exchange, status: int, headers: dict[str, str]) -> None:
-        if ex.request_id not in self.reserved:
+        held = ex.state.get(self.name)
+        if not isinstance(held, Reserved):
             return
         if status >= 300:
-            await self._give_back(ex.request_id, None)
+            await self._give_back(ex, held, None)
         elif self.settings.token_budget.reconcile:
             ex.capture_body = True
-            self.tails[ex.request_id] = b""
+            held.tail = b""
 
     async def on_response_body(self, ex: Exchange, chunk: bytes, end: bool) -> None:
-        tail = self.tails.get(ex.request_id)
-        if tail is None:
+        held = ex.state.get(self.name)
+        if not isinstance(held, Reserved) or held.tail is None:
             return
-        tail = (tail + chunk)[-TAIL_BYTES:]
-        self.tails[ex.request_id] = tail
+        held.tail = (held.tail + chunk)[-TAIL_BYTES:]
         if end:
-            used = used_tokens(tail)
+            used = used_tokens(held.tail)
             if used is None:  # no usage in the answer: the reservation stands
-                self.forget(ex.request_id)
+                ex.state.pop(self.name, None)
             else:
-                await self._give_back(ex.request_id, used)
+                await self._give_back(ex, held, used)
 
-    async def on_done(self, ex: Exchange) -> None:
-        self.forget(ex.request_id)  # ended early: the reservation stands
-
-    def forget(self, request_id: str) -> None:
-        self.tails.pop(request_id, None)
-        self.reserved.pop(request_id, None)
-
-    async def _give_back(self, request_id: str, used: int | None) -> None:
+    async def _give_back(self, ex: Exchange, held: Reserved, used: int | None) -> None:
         """Return all of a reservation (used None on a failure) or its unused part."""
-        held = self.reserved.pop(request_id, None)
-        self.tails.pop(request_id, None)
-        if held is None:
-            return
-        budget, cost = held
-        unused = cost if used is None else cost - used
+        ex.state.pop(self.name, None)
+        unused = held.cost if used is None else held.cost - used
         if unused > 0:
-            await timeboxed(
-                self.store.give_back(budget, unused), None, self.timeout_s, self.metrics, "token_budget"
-            )
+            await self.guard.run(self.store.give_back(held.budget, unused), None, "token_budget")

@@ -6,7 +6,7 @@ field to blame. Nothing else may escape it (a Hypothesis property checks that).
 
 from __future__ import annotations
 
-from typing import Any, TypeGuard
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 import orjson
 
@@ -14,6 +14,10 @@ from ..config import Validation
 from ..errors import error_reply
 from ..exchange import Exchange, Reply
 from .base import Stage
+
+if TYPE_CHECKING:
+    from ..config import Config
+    from ..services import Services
 
 ROLES = {"system", "developer", "user", "assistant", "tool", "function"}
 PART_TYPES = {"text", "image_url", "input_audio", "file", "refusal"}
@@ -191,9 +195,14 @@ class Validate(Stage):
     """415 / 413 / 400 on the headers, then JSON and schema on the body."""
 
     name = "validate"
+    fail_closed = True
 
     def __init__(self, limits: Validation) -> None:
         self.limits = limits
+
+    @classmethod
+    def build(cls, config: Config, services: Services) -> Validate:
+        return cls(config.validation)
 
     async def on_headers(self, ex: Exchange) -> Reply | None:
         if ex.method != "POST":

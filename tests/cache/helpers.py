@@ -6,19 +6,29 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import orjson
+import redis.asyncio as aioredis
 
+from extproc.cache.lease import Leases
 from extproc.cache.lsh import Lsh
 from extproc.cache.semantic import Matcher
+from extproc.cache.setup import Matchers, Profile
+from extproc.cache.store import Store
 from extproc.config import Cache as CacheConfig
 from extproc.config import CacheCoalesce
+from extproc.config import Store as StoreConfig
+from extproc.dedup.canonical import canonical
 from extproc.dedup.decide import Decision, LanguagePoint, Policy
 from extproc.exchange import Exchange
+from extproc.metrics import Metrics
+from extproc.redis_conn import StoreGuard
 from extproc.stages.cache import Cache
+from extproc.tasks import Tasks
 
 CHAT = "/v1/chat/completions"
 
@@ -171,3 +181,15 @@ async def send(
         return Result(status, {**head, **ex.client_headers}, b"".join(chunks), True)
     finally:
         await stage.on_done(ex)
+
+
+def cache_stage(
+    cfg: CacheConfig, store: Store, m: Matcher | None, *, profiles: Sequence[Profile] = (),
+    client: aioredis.Redis | None = None, op_timeout_s: float = 0.5,
+) -> Cache:
+    """The cache stage as `Cache.build` makes it, over the given store and matchers."""
+    metrics = Metrics()
+    tasks = Tasks(metrics)
+    guard = StoreGuard(client, StoreConfig(op_timeout_ms=op_timeout_s * 1000), metrics, tasks)
+    leases = Leases(store, guard, cfg.coalesce, metrics, tasks)
+    return Cache(cfg, store, leases, guard, metrics, Matchers(m, list(profiles)), canon=canonical)

@@ -10,10 +10,12 @@ import redis.asyncio as aioredis
 
 from extproc.cache.purge import main as purge_main
 from extproc.cache.redis_store import RedisStore
-from extproc.cache.setup import ModelError, cache_stage, ensure_model, load_matcher, load_matchers
+from extproc.cache.setup import ModelError, ensure_model, load_matcher, load_matchers
 from extproc.cache.store import MemoryStore, Put
 from extproc.config import CacheSemantic, Config, SemanticProfile
 from extproc.metrics import Metrics
+from extproc.services import Services
+from extproc.stages.cache import Cache
 from load.stack import RedisServer
 
 
@@ -47,7 +49,8 @@ def test_a_chinese_tenant_can_have_the_multilingual_embedder(model_dir: Path) ->
             SemanticProfile(tenant="en2", target_precision=0.8),
         ],
     )
-    default, profiles = load_matchers(cfg, Metrics())
+    loaded = load_matchers(cfg, Metrics())
+    default, profiles = loaded.default, loaded.profiles
     (_, cn), (_, zz), (_, en2) = profiles
     assert default is not None and cn is not None and zz is None
     assert en2 is default  # the same choices share one loaded model
@@ -56,7 +59,7 @@ def test_a_chinese_tenant_can_have_the_multilingual_embedder(model_dir: Path) ->
 
 
 def test_default_gate_caches_in_process() -> None:
-    stage = cache_stage(Config(), Metrics(), None)
+    stage = Cache.build(Config(), Services.build(Config(), Metrics()))
     assert isinstance(stage.store, MemoryStore) and stage.config.enabled
 
 

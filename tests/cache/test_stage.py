@@ -10,12 +10,10 @@ import redis.asyncio as aioredis
 
 from extproc.cache.redis_store import RedisStore
 from extproc.cache.store import MemoryStore, Store
-from extproc.dedup.canonical import canonical
-from extproc.metrics import Metrics
 from extproc.stages.cache import Cache
 from load.stack import RedisServer
 
-from .helpers import Upstream, WordEmbedder, chat, config, matcher, send
+from .helpers import Upstream, WordEmbedder, cache_stage, chat, config, matcher, send
 
 
 @pytest.fixture(params=["memory", "redis"])
@@ -33,7 +31,7 @@ async def store(request: pytest.FixtureRequest) -> AsyncIterator[Store]:
 
 
 def stage_on(store: Store, embedder: WordEmbedder | None = None, **cfg: object) -> Cache:
-    return Cache(config(**cfg), store, Metrics(), matcher(embedder), 0.5, canon=canonical)
+    return cache_stage(config(**cfg), store, matcher(embedder))
 
 
 def count(stage: Cache, result: str) -> float:
@@ -50,7 +48,7 @@ async def test_repeat_is_a_hit_with_the_same_answer_and_a_fresh_id(store: Store)
     assert (near.cache, near.headers["x-gate-cache-match"]) == ("hit", "near")
     assert again.text() == first.text() == "Answer 1 to: What is the capital of France?"
     assert b"chatcmpl-up" not in again.body
-    assert up.calls == 1 and not stage.flights and not len(stage.wakeups)
+    assert up.calls == 1 and not stage.leases.local and not len(stage.leases.wakeups)
 
 
 async def test_paraphrase_hits_by_meaning_and_should_miss_misses(store: Store) -> None:
@@ -118,7 +116,7 @@ async def test_identical_burst_reaches_the_model_once(store: Store) -> None:
     assert up.calls == 1
     assert sorted(r.cache or "" for r in results) == ["coalesced"] * 19 + ["miss"]
     assert {r.text() for r in results} == {"Answer 1 to: burst"}
-    assert not stage.flights and not len(stage.wakeups)
+    assert not stage.leases.local and not len(stage.leases.wakeups)
 
 
 @pytest.mark.parametrize("how", ["error", "cancelled"])
@@ -177,7 +175,8 @@ async def test_unreadable_text_is_never_embedded(store: Store) -> None:
 
 async def test_dead_redis_skips_the_cache_and_every_request_is_answered(redis_server: RedisServer) -> None:
     client = aioredis.Redis.from_url(redis_server.url, socket_timeout=0.2, socket_connect_timeout=0.2)
-    stage, up = Cache(config(), RedisStore(client), Metrics(), matcher(), 0.2, canon=canonical), Upstream()
+    stage = cache_stage(config(), RedisStore(client), matcher(), client=client, op_timeout_s=0.2)
+    up = Upstream()
     await send(stage, chat("q"), up)
     redis_server.kill()
     try:
@@ -197,7 +196,7 @@ async def test_semantic_profiles_choose_the_matcher_per_tenant_and_route(store: 
     emb = WordEmbedder()
     profiles = [(SemanticProfile(tenant="cn"), matcher(emb)), (SemanticProfile(path_prefix="/v1/"), None)]
     default = matcher(WordEmbedder())
-    stage = Cache(config(), store, Metrics(), default, 0.5, canon=canonical, profiles=profiles)
+    stage = cache_stage(config(), store, default, profiles=profiles)
     up = Upstream()
     for tenant in ("cn", "acme"):
         await send(stage, chat("What is the capital of France?"), up, tenant=tenant)

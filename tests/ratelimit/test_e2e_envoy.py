@@ -151,8 +151,13 @@ def test_redis_killed_mid_burst_lets_every_request_through(stack: Stack, redis_e
     limited = ["x-ratelimit-limit-requests" in r.headers for r in responses]
     assert limited[0] and not limited[-1]  # checked before the kill, skipped after it
     assert metric(stack, errors) > errors_before
-    # Redis back: limits apply again at once (the tenant's earlier spend died with Redis).
+    # Redis back: each gate's probe finds it within its interval, and limits apply again
+    # (the tenant's earlier spend died with Redis).
     redis_e2e.start()
+    deadline = time.monotonic() + 5
+    while metric(stack, "gate_store_up") < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert metric(stack, "gate_store_up") == 2  # both gate processes
     after = burst(stack, "sk-other", [f"again {i}" for i in range(8)])
     seen = [(r.status_code, r.headers.get("x-ratelimit-remaining-requests")) for r in after]
     assert sorted(r.status_code for r in after) == [200] * 5 + [429] * 3, seen

@@ -16,6 +16,7 @@ from extproc.ratelimit.store import MemoryStore, RedisStore
 from extproc.stages.identity import Identity as IdentityStage
 from extproc.stages.ratelimit import RateLimit, duration
 from load.stack import free_port
+from tests.services import guard
 
 CHAT = "/v1/chat/completions"
 CONFIG = """
@@ -47,8 +48,8 @@ async def exchange(
 
 
 def stage(store: Any = None, text: str = CONFIG) -> RateLimit:
-    config = parse_config(text)
-    return RateLimit(config.ratelimit, store or MemoryStore(), Metrics(), 0.05)
+    config, metrics = parse_config(text), Metrics()
+    return RateLimit(config.ratelimit, store or MemoryStore(), metrics, guard(metrics, op_timeout_ms=50))
 
 
 @pytest.mark.parametrize(
@@ -144,7 +145,7 @@ async def test_disabled_or_unconfigured_limits_cost_nothing() -> None:
     ex = await exchange({})
     assert await s.on_request(ex) is None and ex.client_headers == {}
     memory = MemoryStore()
-    default = RateLimit(Config().ratelimit, memory, Metrics(), 0.05)
+    default = RateLimit(Config().ratelimit, memory, Metrics(), guard(op_timeout_ms=50))
     for _ in range(20):
         ex = await exchange({})
         assert await default.on_request(ex) is None and ex.client_headers == {}

@@ -17,6 +17,7 @@ from extproc.ratelimit.gcra import US
 from extproc.scheduler.budget import Budget, BudgetStore, MemoryBudgets, RedisBudgets
 from extproc.stages.token_budget import TokenBudget, used_tokens
 from load.stack import RedisServer
+from tests.services import guard
 
 T0 = 1_700_000_000 * US
 # (seconds after T0, op, tokens) → expected (allowed, remaining) for takes; give-backs return nothing.
@@ -80,7 +81,7 @@ def stage(per_minute: dict[str, int], store: BudgetStore | None = None, **extra:
     config = Config.model_validate(
         {"admission": {"token_budget": {"tokens_per_minute": per_minute, **extra}}}
     )
-    return TokenBudget(config.admission, store or MemoryBudgets(), Metrics(), 0.05)
+    return TokenBudget(config.admission, store or MemoryBudgets(), Metrics(), guard(op_timeout_ms=50))
 
 
 async def test_exhausted_budget_is_a_429_with_token_headers() -> None:

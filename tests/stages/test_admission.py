@@ -11,6 +11,7 @@ import pytest
 from extproc.config import Config
 from extproc.exchange import Exchange
 from extproc.metrics import Metrics
+from extproc.scheduler.pools import Pools
 from extproc.stages.admission import Admission, estimated_tokens, is_urgent, last_user_text
 from load.stack import free_port
 
@@ -27,7 +28,8 @@ def exchange(id: str, priority: str = "standard", content: str = "hello", **payl
 def admission(**section: Any) -> Admission:
     windows = {"batch_window_ms": {"vip": 0, "premium": 0, "standard": 0}}
     config = Config.model_validate({"admission": {**windows, **section}})
-    return Admission.from_config(config, Metrics())
+    metrics = Metrics()
+    return Admission(config.admission, Pools(config.admission, metrics, config.server.workers), metrics)
 
 
 @pytest.mark.parametrize(
@@ -83,8 +85,8 @@ async def test_full_pool_queues_then_sheds_with_an_overloaded_reply() -> None:
     assert int(second.client_headers["x-gate-queue-ms"]) >= 40
     await stage.on_done(second)
     await stage.on_done(second)  # a second on_done releases nothing more
-    assert stage.embedded["primary"].status().in_flight == 0
-    await stage.embedded["primary"].stop()
+    assert stage.pools.embedded["primary"].status().in_flight == 0
+    await stage.pools.embedded["primary"].stop()
 
 
 async def test_a_client_that_goes_away_while_queued_frees_its_place() -> None:
@@ -97,7 +99,7 @@ async def test_a_client_that_goes_away_while_queued_frees_its_place() -> None:
     waiting.cancel()
     await asyncio.gather(waiting, return_exceptions=True)
     await stage.on_done(gone)
-    local = stage.embedded["primary"]
+    local = stage.pools.embedded["primary"]
     assert sum(local.status().queued.values()) == 0
     await stage.on_done(held)
     assert local.status().in_flight == 0
@@ -116,4 +118,4 @@ async def test_unreachable_scheduler_admits_without_queueing() -> None:
 async def test_disabled_admission_does_nothing() -> None:
     stage = admission(enabled=False)
     assert await stage.on_request(exchange("a")) is None
-    assert not stage.pools
+    assert not stage.pools.embedded

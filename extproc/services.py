@@ -1,0 +1,93 @@
+"""What lives as long as the process's config: clients, stores, breakers, queues, matchers.
+
+Built once per config (at start, and again on reload), started before the gate says
+SERVING, closed when the pipeline built on them retires. Stages act per request and keep
+no state of their own; they are built from their config section plus these services.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from .breaker.adaptive import AdaptiveLimit
+from .breaker.monitor import Breakers
+from .cache.lease import Leases
+from .cache.setup import Matchers, answer_store, load_matchers
+from .cache.store import Store as AnswerStore
+from .config import Config
+from .metrics import Metrics
+from .ratelimit.store import LimitStore
+from .ratelimit.store import MemoryStore as MemoryLimits
+from .ratelimit.store import RedisStore as RedisLimits
+from .redis_conn import StoreGuard, connect
+from .scheduler.budget import BudgetStore, MemoryBudgets, RedisBudgets
+from .scheduler.pools import Pools
+from .tasks import Tasks
+from .tokens import TokenCounter
+
+log = logging.getLogger("llm_gate.services")
+
+
+@dataclass
+class Services:
+    metrics: Metrics
+    tasks: Tasks
+    store: StoreGuard  # the request path's Redis client (None inside: the embedded store)
+    tokens: TokenCounter
+    limits: LimitStore
+    budgets: BudgetStore
+    answers: AnswerStore
+    leases: Leases
+    matchers: Matchers
+    breakers: Breakers
+    pools: Pools
+
+    @classmethod
+    def build(cls, config: Config, metrics: Metrics) -> Services:
+        """Everything a pipeline needs; may load models (call it off the event loop on reload)."""
+        tasks = Tasks(metrics)
+        redis = connect(config.store)
+        store = StoreGuard(redis, config.store, metrics, tasks)
+        c = config.cache
+        answers = answer_store(redis, config.store.redis_url if c.enabled else None)
+        # The breaker's sync loop is off the request path: its own client, a looser time box.
+        breaker_store = config.store.model_copy(update={"op_timeout_ms": config.breaker.sync_timeout_ms})
+        breakers = Breakers(config.breaker, config.routing.pools, metrics, connect(breaker_store))
+        pools = Pools(config.admission, metrics, config.server.workers)
+        # The seed's adaptive limit: a pool slowing down under load gets fewer slots.
+        breakers.subscribe(AdaptiveLimit(config.breaker, pools.set_capacity_factor))
+        prefix = config.ratelimit.key_prefix
+        return cls(
+            metrics=metrics,
+            tasks=tasks,
+            store=store,
+            tokens=TokenCounter(config.validation.tokenizer),
+            limits=MemoryLimits(prefix) if redis is None else RedisLimits(redis, prefix),
+            budgets=MemoryBudgets() if redis is None else RedisBudgets(redis),
+            answers=answers,
+            leases=Leases(answers, store, c.coalesce, metrics, tasks),
+            matchers=load_matchers(c.semantic, metrics) if c.enabled else Matchers(None, []),
+            breakers=breakers,
+            pools=pools,
+        )
+
+    def start(self) -> None:
+        """Start the background loops in the running event loop."""
+        if self.breakers.config.enabled:
+            self.breakers.start()
+        self.leases.start()
+
+    async def aclose(self) -> None:
+        """Stop every background task and close every client, whatever fails on the way."""
+        for name, close in (
+            ("tasks", self.tasks.aclose),
+            ("breakers", self.breakers.close),
+            ("pools", self.pools.aclose),
+            ("matchers", self.matchers.aclose),
+            ("store", self.store.aclose),
+        ):
+            try:
+                await close()
+            except Exception:
+                log.exception("closing %s failed", name)
