@@ -46,6 +46,9 @@ class RepeatSpec:
 class Check:
     buckets: tuple[BucketSpec, ...]
     repeat: RepeatSpec | None = None
+    # Where the verdict is kept for a while: the same check run again (a retry after a lost
+    # reply) returns it instead of charging the buckets twice. None: not kept.
+    done_key: str | None = None
 
 
 class Verdict(NamedTuple):

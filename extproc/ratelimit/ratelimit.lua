@@ -1,9 +1,12 @@
 -- One request's rate-limit check, atomically: the same steps as check.evaluate and
 -- gcra.take_interval, in the same order and with the same arithmetic (integer microseconds).
 --
--- KEYS: n bucket keys, then (when ARGV[3] == '1') the prompt's arrival list and the block key.
--- ARGV: now_us ('' = Redis TIME, one clock for every gate replica), n, has_repeat,
+-- KEYS: n bucket keys, then (when has_repeat) the prompt's arrival list and the block key,
+--       then (when keep_ms > 0) the key that keeps this request's verdict.
+-- ARGV: now_us ('' = Redis TIME, one clock for every gate replica), n, keep_ms, has_repeat,
 --       [limit, window_us, block_us, info when has_repeat], then n x (interval_us, tolerance_us, cost).
+-- Idempotent by request: run again with the same verdict key, it returns the kept verdict
+-- and charges nothing (a retry after a lost reply cannot spend a bucket twice).
 -- Returns {status (0 allowed, 1 limited, 2 blocked), block_left_us, newly_blocked,
 --          then per bucket: allowed, remaining, retry_after_us, reset_after_us}.
 --
@@ -18,7 +21,17 @@ else
   now = tonumber(ARGV[1])
 end
 local n = tonumber(ARGV[2])
-local a = 4
+local keep_ms = tonumber(ARGV[3])
+local done_key = KEYS[#KEYS]
+if keep_ms > 0 then
+  local kept = redis.call('GET', done_key)
+  if kept then
+    local out = {}
+    for x in string.gmatch(kept, '[^,]+') do out[#out + 1] = tonumber(x) end
+    return out
+  end
+end
+local a = 5
 
 local function fmt(x)
   return string.format('%d', x)
@@ -28,16 +41,25 @@ local function ttl_ms(us)
   return math.floor(us / 1000) + 1000
 end
 
-if ARGV[3] == '1' then
+local function keep(out)
+  if keep_ms > 0 then
+    local parts = {}
+    for i, x in ipairs(out) do parts[i] = fmt(x) end
+    redis.call('SET', done_key, table.concat(parts, ','), 'PX', keep_ms)
+  end
+  return out
+end
+
+if ARGV[4] == '1' then
   local hkey, bkey = KEYS[n + 1], KEYS[n + 2]
-  local limit, window, block = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
-  local info = ARGV[7]
-  a = 8
+  local limit, window, block = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
+  local info = ARGV[8]
+  a = 9
   local held = redis.call('GET', bkey)
   if held then
     local until_us = tonumber(string.match(held, '^(%d+)'))
     if until_us > now then
-      return {2, until_us - now, 0}
+      return keep({2, until_us - now, 0})
     end
   end
   local recent = {}
@@ -49,7 +71,7 @@ if ARGV[3] == '1' then
   redis.call('DEL', hkey)
   if #recent >= limit then
     redis.call('SET', bkey, fmt(now + block) .. '|' .. info, 'PX', ttl_ms(block))
-    return {2, block, 1}
+    return keep({2, block, 1})
   end
   recent[#recent + 1] = fmt(now)
   redis.call('RPUSH', hkey, unpack(recent))
@@ -91,4 +113,4 @@ else
     redis.call('SET', KEYS[i], fmt(tats[i]), 'PX', ttl_ms(tats[i] - now))
   end
 end
-return out
+return keep(out)

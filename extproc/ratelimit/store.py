@@ -21,6 +21,7 @@ from .gcra import Decision
 LUA = resources.files(__package__).joinpath("ratelimit.lua").read_text(encoding="utf-8")
 STATUSES: tuple[Status, ...] = ("allowed", "limited", "blocked")
 BLOCK = "block:"
+DONE_TTL_US = 10_000_000  # a repeated check within this long gets the first one's verdict
 
 
 def wall_clock_us() -> int:
@@ -56,11 +57,22 @@ class MemoryStore:
         self.histories: dict[str, tuple[int, ...]] = {}
         self.windows: dict[str, int] = {}
         self.held: dict[str, tuple[int, str]] = {}
+        self.done: dict[str, tuple[int, Verdict]] = {}  # done key -> (until, verdict)
         self._calls = 0
         self.sweep_every = sweep_every
 
     async def check(self, check: Check, now: int | None = None) -> Verdict:
         now = self.clock() if now is None else now
+        if check.done_key is not None:
+            kept = self.done.get(check.done_key)
+            if kept is not None and kept[0] > now:
+                return kept[1]
+        verdict = self._check(check, now)
+        if check.done_key is not None:
+            self.done[check.done_key] = (now + DONE_TTL_US, verdict)
+        return verdict
+
+    def _check(self, check: Check, now: int) -> Verdict:
         repeat = check.repeat
         held = self.held.get(repeat.block_key) if repeat else None
         state = State(
@@ -87,6 +99,7 @@ class MemoryStore:
             return
         self.tats = {k: v for k, v in self.tats.items() if v > now}
         self.held = {k: v for k, v in self.held.items() if v[0] > now}
+        self.done = {k: v for k, v in self.done.items() if v[0] > now}
         self.histories = {
             k: v for k, v in self.histories.items() if v and v[-1] > now - self.windows.get(k, 0)
         }
@@ -113,13 +126,16 @@ class RedisStore:
 
     async def check(self, check: Check, now: int | None = None) -> Verdict:
         keys = [b.key for b in check.buckets]
-        args: list[Any] = ["" if now is None else now, len(check.buckets)]
+        keep_ms = DONE_TTL_US // 1000 if check.done_key else 0
+        args: list[Any] = ["" if now is None else now, len(check.buckets), keep_ms]
         repeat = check.repeat
         if repeat is None:
             args.append(0)
         else:
             keys += [repeat.key, repeat.block_key]
             args += [1, repeat.limit, repeat.window, repeat.block, repeat.info]
+        if check.done_key:
+            keys.append(check.done_key)
         for b in check.buckets:
             args += [b.interval, b.tolerance, b.cost]
         reply = await self.script(keys=keys, args=args)

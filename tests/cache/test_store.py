@@ -42,6 +42,15 @@ async def lease_goes_to_the_first_and_only_the_first(store: Store) -> None:
     assert (await store.lookup(T, "k", "t3", 10_000)).role == "leader"  # scopes are separate
 
 
+async def lookup_is_idempotent_by_token(store: Store) -> None:
+    """A lookup that ran twice (a retry after a lost reply) never makes a request follow itself."""
+    assert (await store.lookup(S, "k", "t1", 10_000)).role == "leader"
+    assert (await store.lookup(S, "k", "t1", 10_000)).role == "leader"
+    assert (await store.lookup(S, "k", "t2", 10_000)).role == "follower"
+    assert await store.release(S, "k", "t1")
+    assert (await store.lookup(S, "k", "t2", 10_000)).role == "leader"
+
+
 async def stored_entry_is_a_hit_and_hands_back_the_lease(store: Store) -> None:
     await store.lookup(S, "k", "t1", 10_000)
     await store.put(put("k", token="t1"))
@@ -131,6 +140,7 @@ async def purge_by_tenant_model_or_key(store: Store) -> None:
 
 CASES: list[Callable[[Store], Awaitable[None]]] = [
     lease_goes_to_the_first_and_only_the_first,
+    lookup_is_idempotent_by_token,
     stored_entry_is_a_hit_and_hands_back_the_lease,
     released_lease_goes_to_exactly_one_of_the_waiters,
     concurrent_first_lookups_elect_one_leader,

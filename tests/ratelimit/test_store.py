@@ -55,6 +55,21 @@ async def test_blocks_are_listed_and_can_be_lifted(store: LimitStore) -> None:
     assert (await store.check(check)).status == "allowed"
 
 
+@pytest.mark.parametrize("with_repeat", [False, True])
+async def test_a_check_run_again_with_its_request_key_charges_nothing(
+    store: LimitStore, with_repeat: bool
+) -> None:
+    """A retry after a lost reply (or a script that ran twice) gets the first verdict."""
+    rep = RepeatSpec("gate:rl:rep:acme/u1:p", "gate:rl:block:acme/u1", 5, S, 60 * S) if with_repeat else None
+    bucket = (BucketSpec("tenant", "t:acme", 1, 3),)
+    first = Check(bucket, rep, "gate:rl:done:req-1")
+    verdicts = [await store.check(first, 10 * S) for _ in range(5)]
+    assert {summary(v) for v in verdicts} == {summary(verdicts[0])}
+    assert verdicts[0].decisions[0].remaining == 2
+    other = await store.check(Check(bucket, rep, "gate:rl:done:req-2"), 10 * S)
+    assert other.status == "allowed" and other.decisions[0].remaining == 1  # charged once per request
+
+
 async def test_concurrent_checks_from_two_replicas_admit_exactly_the_burst(redis_server: RedisServer) -> None:
     """Any interleaving of 2 × 40 concurrent calls on one key, real Redis clock: burst 25 admits 25."""
     redis_server.flush()

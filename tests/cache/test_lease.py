@@ -1,0 +1,127 @@
+"""Coalescing leases over a real Redis: one leader, waiters in the same process never poll,
+waiters elsewhere are woken by the store's notice, exactly one waiter takes over a leader
+that gave up, and a lease nobody learned of is handed back."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+import redis.asyncio as aioredis
+
+from extproc.cache.lease import Claim, Leases
+from extproc.cache.redis_store import RedisStore, scope_prefix
+from extproc.cache.store import Lookup, Put
+from extproc.config import CacheCoalesce
+from extproc.metrics import Metrics
+from extproc.tasks import Tasks
+from load.stack import RedisServer
+from tests.services import guard
+
+S = "scope"
+
+
+class Counting(RedisStore):
+    """The real store, counting its lookups; `late_s` delays a lookup's reply after it ran."""
+
+    def __init__(self, client: aioredis.Redis) -> None:
+        super().__init__(client)
+        self.lookups = 0
+        self.late_s = 0.0
+
+    async def lookup(self, scope: str, key: str, token: str | None, lease_ms: int) -> Lookup:
+        self.lookups += 1
+        found = await super().lookup(scope, key, token, lease_ms)
+        await asyncio.sleep(self.late_s)
+        return found
+
+
+@pytest.fixture
+async def client(redis_server: RedisServer) -> AsyncIterator[aioredis.Redis]:
+    if redis_server.proc is None:
+        redis_server.start()
+    c = aioredis.Redis.from_url(redis_server.url)
+    await c.flushall()
+    yield c
+    await c.aclose()
+
+
+def leases(store: RedisStore, client: aioredis.Redis, **coalesce: Any) -> Leases:
+    metrics = Metrics()
+    tasks = Tasks(metrics)
+    return Leases(store, guard(metrics, client, op_timeout_ms=200), CacheCoalesce(**coalesce), metrics, tasks)
+
+
+async def answer(coalescer: Leases, store: RedisStore, claim: Claim, key: str, body: bytes) -> None:
+    assert claim.token is not None
+    await store.put(Put(S, key, body, 60_000, 100, "t", "m", token=claim.token))
+    await coalescer.finish(S, key, claim.token, body, stored=True)
+
+
+async def test_waiters_in_one_process_share_one_lookup_and_the_answer(client: aioredis.Redis) -> None:
+    store = Counting(client)
+    coalescer = leases(store, client)
+    claims = [asyncio.ensure_future(coalescer.claim(S, "k", lead=True, wait_s=10)) for _ in range(20)]
+    await asyncio.sleep(0.1)
+    leader = next(c.result() for c in claims if c.done())
+    assert leader.role == "leader" and sum(c.done() for c in claims) == 1
+    await answer(coalescer, store, leader, "k", b"the answer")
+    rest = await asyncio.gather(*claims)
+    assert sorted(c.role for c in rest) == ["hit"] * 19 + ["leader"]
+    assert {c.entry for c in rest if c.role == "hit"} == {b"the answer"}
+    assert all(c.coalesced for c in rest if c.role == "hit")
+    assert store.lookups == 1  # the other 19 never asked Redis
+    assert not coalescer.local
+
+
+async def test_a_follower_elsewhere_is_woken_by_the_notice(client: aioredis.Redis) -> None:
+    here, there = Counting(client), Counting(client)
+    a = leases(here, client)
+    # A follower that would not re-check the store for a minute: only the notice can wake it.
+    b = leases(there, client, poll_ms=60_000, poll_max_ms=60_000)
+    a.start()
+    b.start()
+    await asyncio.sleep(0.2)  # both subscribed
+    leader = await a.claim(S, "k", lead=True, wait_s=5)
+    follower = asyncio.ensure_future(b.claim(S, "k", lead=True, wait_s=20))
+    await asyncio.sleep(0.2)
+    assert not follower.done()
+    await answer(a, here, leader, "k", b"from a")
+    got = await asyncio.wait_for(follower, 10)
+    assert (got.role, got.entry, got.coalesced) == ("hit", b"from a", True)
+    assert there.lookups == 2  # the first look, and one after the notice
+    await a.tasks.aclose()
+    await b.tasks.aclose()
+
+
+async def test_exactly_one_waiter_takes_over_a_leader_that_gave_up(client: aioredis.Redis) -> None:
+    store = Counting(client)
+    coalescer = leases(store, client)
+    first = await coalescer.claim(S, "k", lead=True, wait_s=10)
+    waiters = [asyncio.ensure_future(coalescer.claim(S, "k", lead=True, wait_s=10)) for _ in range(10)]
+    await asyncio.sleep(0.05)
+    assert first.token is not None
+    await coalescer.finish(S, "k", first.token, None, stored=False)  # the upstream call failed
+    await asyncio.sleep(0.1)
+    new = [w.result() for w in waiters if w.done()]
+    assert [c.role for c in new] == ["leader"]
+    await answer(coalescer, store, new[0], "k", b"second try")
+    rest = await asyncio.gather(*waiters)
+    assert sorted(c.role for c in rest) == ["hit"] * 9 + ["leader"]
+
+
+async def test_a_lease_whose_reply_came_too_late_is_handed_back(client: aioredis.Redis) -> None:
+    store = Counting(client)
+    coalescer = leases(store, client)
+    store.late_s = 0.5  # over the 200 ms budget: the script ran, the gate gave up on it
+    claim = await coalescer.claim(S, "k", lead=True, wait_s=10)
+    assert claim.role == "unavailable"
+    store.late_s = 0.0
+    for _ in range(100):  # handed back in the background as soon as the store answers
+        if not await client.exists(scope_prefix(S) + "l:k"):
+            break
+        await asyncio.sleep(0.02)
+    assert not await client.exists(scope_prefix(S) + "l:k")
+    assert (await coalescer.claim(S, "k", lead=True, wait_s=1)).role == "leader"
