@@ -89,6 +89,12 @@ class Metrics:
             ["pool"],
             registry=r,
         )
+        self.breaker_oldest_wait = Gauge(
+            "gate_breaker_oldest_wait_seconds",
+            "Age of the oldest upstream call of this process still waiting for its first byte.",
+            ["pool"],
+            registry=r,
+        )
         self.breaker_transitions = Counter(
             "gate_breaker_transitions",
             "Breaker transitions this process decided or adopted.",

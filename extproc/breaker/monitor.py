@@ -59,12 +59,22 @@ class Choice:
     version: int  # the state this choice was made under; samples from older states are dropped
 
 
+Waiting = Callable[[], float | None]  # seconds a call has waited for its first byte; None: not waiting
+
+
 class PoolBreaker:
     def __init__(self, config: BreakerConfig, now: float) -> None:
         self.window = Window(config.window_s, config.slices)
         self.state = BreakerState(Phase.CLOSED, now, 0, "start")
         self.last_probe = -math.inf
         self.stats = Stats()
+        self.in_flight: dict[str, tuple[int, Waiting]] = {}  # call id -> (state version, its wait)
+
+    def waits(self) -> list[float]:
+        """How long each call made under the current state has waited for its first byte."""
+        version = self.state.version
+        ages = (wait() for v, wait in self.in_flight.values() if v == version)
+        return [age for age in ages if age is not None]
 
 
 class Breakers:
@@ -114,6 +124,22 @@ class Breakers:
     def version(self, pool: str) -> int:
         return self.pools[pool].state.version
 
+    def begin(self, pool: str, call_id: str, version: int, waiting: Waiting) -> None:
+        """A call went to `pool`: until `end`, the sync loop watches how long it waits."""
+        pb = self.pools.get(pool)
+        if pb is not None:
+            pb.in_flight[call_id] = (version, waiting)
+
+    def end(self, pool: str, call_id: str) -> None:
+        pb = self.pools.get(pool)
+        if pb is not None:
+            pb.in_flight.pop(call_id, None)
+
+    def _overdue(self, name: str, pb: PoolBreaker) -> list[float]:
+        waits = pb.waits()
+        self.metrics.breaker_oldest_wait.labels(name).set(max(waits, default=0.0))
+        return [age for age in waits if age > self.config.open_p95_s]
+
     def record(self, pool: str, version: int, latency_s: float | None, error: bool) -> None:
         pb = self.pools.get(pool)
         if pb is None or version != pb.state.version:
@@ -160,10 +186,11 @@ class Breakers:
         pb, cfg, redis = self.pools[name], self.config, self.redis
         now = self.clock()
         stats: Stats | None = None
+        overdue = self._overdue(name, pb)
         if redis is not None:
-            stats = await self._sync_shared(name, pb, redis, now)
+            stats = await self._sync_shared(name, pb, redis, now, overdue)
         if stats is None:
-            stats = pb.window.stats(now, pb.state.since)
+            stats = pb.window.stats(now, pb.state.since, overdue)
         pb.stats = stats
         new = next_state(pb.state, Evaluate(stats), now, cfg)
         if new.version == pb.state.version:
@@ -183,7 +210,7 @@ class Breakers:
         self._observe(name, pb, now)
 
     async def _sync_shared(
-        self, name: str, pb: PoolBreaker, redis: aioredis.Redis, now: float
+        self, name: str, pb: PoolBreaker, redis: aioredis.Redis, now: float, overdue: list[float]
     ) -> Stats | None:
         """Share new samples, adopt the shared state, return the merged window (None: Redis failed)."""
         cfg, window = self.config, pb.window
@@ -209,7 +236,7 @@ class Breakers:
         )
         if not ok or slices is None:
             return None
-        return summarize(slices, window.covered_s(now, pb.state.since))
+        return summarize(slices, window.covered_s(now, pb.state.since), overdue)
 
     def _transition(
         self, name: str, pb: PoolBreaker, new: BreakerState, stats: Stats, *, announce: bool

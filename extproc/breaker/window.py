@@ -87,10 +87,17 @@ def quantile(buckets: Mapping[int, int], q: float) -> float | None:
     return bound(max(buckets))
 
 
-def summarize(slices: Iterable[Slice], window_s: float) -> Stats:
+def summarize(slices: Iterable[Slice], window_s: float, overdue: Iterable[float] = ()) -> Stats:
+    """The window's stats; `overdue`: ages of calls still waiting past the open threshold.
+
+    A call that hangs has no latency yet, but it is at least as slow as its age: counting it
+    as such lets the breaker see a hang while it happens, not after it ends.
+    """
     total = Slice()
     for part in slices:
         total.merge(part)
+    for age in overdue:
+        total.add(age, False)
     return Stats(total.samples, total.errors, quantile(total.buckets, 0.95), window_s)
 
 
@@ -124,10 +131,11 @@ class Window:
     def covered_s(self, now: float, since: float) -> float:
         return max(min(self.window_s, now - since), self.width)
 
-    def stats(self, now: float, since: float) -> Stats:
+    def stats(self, now: float, since: float, overdue: Iterable[float] = ()) -> Stats:
         self.prune(now)
         span = self.span(now, since)
-        return summarize((self.slices[k] for k in span if k in self.slices), self.covered_s(now, since))
+        slices = (self.slices[k] for k in span if k in self.slices)
+        return summarize(slices, self.covered_s(now, since), overdue)
 
     def take_pending(self) -> dict[int, Slice]:
         pending, self.pending = self.pending, {}

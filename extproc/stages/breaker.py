@@ -86,8 +86,17 @@ class Breaker(Stage):
             pool, version = fallback, self.breakers.version(fallback)
         else:
             version = choice.version
-        ex.state[self.name] = Call(pool, version, wants_stream(ex.payload))
+        call = ex.state[self.name] = Call(pool, version, wants_stream(ex.payload))
+        self.breakers.begin(pool, ex.request_id, version, lambda: self._waiting(ex, call))
         return None
+
+    def _waiting(self, ex: Exchange, call: Call) -> float | None:
+        """Seconds the call has waited for its first byte (None: not sent yet, or answered)."""
+        if ex.upstream_started is None:
+            return None
+        first_chunk = call.stream and self.config.stream_signal == "ttft" and (call.status or 200) < 300
+        answered = call.first_chunk_at is not None if first_chunk else call.headers_at is not None
+        return None if answered else time.perf_counter() - ex.upstream_started
 
     def _fits(self, ex: Exchange, pool: str) -> bool:
         """A prompt the fallback cannot take stays on the slow primary rather than fail."""
@@ -109,7 +118,10 @@ class Breaker(Stage):
 
     async def on_done(self, ex: Exchange) -> None:
         call = ex.state.pop(self.name, None)
-        if not isinstance(call, Call) or ex.upstream_started is None:
+        if not isinstance(call, Call):
+            return
+        self.breakers.end(call.pool, ex.request_id)
+        if ex.upstream_started is None:
             return
         latency, error = measure(call, ex.upstream_started, time.perf_counter(), self.config.stream_signal)
         if latency is not None or error:

@@ -198,3 +198,29 @@ async def test_without_redis_a_single_process_works_alone() -> None:
     slow(a, 12)
     await a.sync_once()
     assert phase(a) is Phase.OPEN and len(notes.sent) == 1
+
+
+@pytest.mark.parametrize("shared_store", [False, True])
+async def test_a_hang_opens_the_breaker_while_it_lasts(client: aioredis.Redis, shared_store: bool) -> None:
+    """Calls waiting past the open threshold count as slow before any of them finishes."""
+    clock = Clock()
+    b, notes = gate(clock, client if shared_store else None)
+    clock.now += 5  # past hold_s
+    for _ in range(5):  # fast calls that finished
+        b.record("primary", b.version("primary"), 0.1, error=False)
+    waits = {f"hung-{i}": 0.5 for i in range(8)}  # in flight, waiting for a first byte
+    for call, _ in waits.items():
+        b.begin("primary", call, b.version("primary"), lambda call=call: waits.get(call))
+    await b.sync_once()
+    assert phase(b) is Phase.CLOSED  # younger than open_p95_s: not yet a sample
+    waits.update({k: 3.0 for k in waits})  # the hang goes on
+    await b.sync_once()
+    assert phase(b) is Phase.OPEN and "p95" in notes.sent[-1]["reason"]
+    assert b.metrics.breaker_oldest_wait.labels("primary")._value.get() == 3.0
+    pool = b.pools["primary"]
+    before = pool.window.stats(clock.now, pool.state.since).samples
+    for call in waits:  # the hung calls end long after; made under the old state, they are not samples
+        b.end("primary", call)
+        b.record("primary", 0, 30.0, error=False)
+    assert pool.window.stats(clock.now, pool.state.since).samples == before
+    assert not pool.in_flight
