@@ -45,7 +45,7 @@ def build_pipeline(config: Config, metrics: Metrics) -> Pipeline:
     """The process's services for `config`, and the stages built on them."""
     services = Services.build(config, metrics)
     stages = [stage.build(config, services) for stage in STAGES]
-    return Pipeline(stages, config.routing.handled_paths, metrics, services)
+    return Pipeline(stages, config, metrics, services)
 
 
 def max_message_bytes(config: Config) -> int:

@@ -5,6 +5,7 @@ Every threshold has a default, so an empty file is a working embedded gate.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Literal
 
@@ -35,6 +36,9 @@ class Identity(Strict):
     trust_identity_headers: bool = False
     tenant_header: str = "x-tenant-id"
     tier_header: str = "x-tenant-tier"
+    # The caller's identity headers (tenant, tier, x-priority) reach the model servers only
+    # when this is on; its credentials (authorization, x-api-key) never do.
+    forward_identity_headers: bool = False
 
 
 class RequiredHeader(Strict):
@@ -60,6 +64,20 @@ class Pool(Strict):
     served_model: str | None = None
     max_prompt_tokens: int | None = Field(default=None, gt=0)
     fallback: str | None = None
+    # The key the gate sends to this pool's servers (vLLM --api-key), from an environment
+    # variable or a file, never from this file. Clients' own keys never leave the gate.
+    api_key_env: str | None = None
+    api_key_file: Path | None = None
+
+    def upstream_key(self) -> str | None:
+        """The pool's key, read now; a named variable or file that is missing is an error."""
+        if self.api_key_env is not None:
+            if not os.environ.get(self.api_key_env):
+                raise ValueError(f"environment variable {self.api_key_env} is not set")
+            return os.environ[self.api_key_env].strip()
+        if self.api_key_file is not None:
+            return self.api_key_file.read_text(encoding="utf-8").strip()
+        return None
 
 
 class Rule(Strict):
@@ -101,6 +119,11 @@ class Server(Strict):
     admin_port: int | None = Field(default=None, ge=0, le=65535)
     workers: int = Field(default=1, ge=1, le=64)
     grace_seconds: float = Field(default=5.0, ge=0)
+    # Envoy's ext_proc message_timeout and max_message_timeout: a request that may wait
+    # longer (queue, coalescing) first asks Envoy for more time (override_message_timeout).
+    envoy_message_timeout_ms: float = Field(default=35_000.0, gt=0)
+    envoy_max_message_timeout_ms: float = Field(default=60_000.0, gt=0)
+    access_log: bool = True  # one JSON line per request (logger llm_gate.access)
 
 
 class Store(Strict):

@@ -192,6 +192,8 @@ def bootstrap(
         # Append the peer address to x-forwarded-for, so the gate sees who connected
         # (ratelimit.trusted_hops counts the proxies in front of Envoy).
         "use_remote_address": True,
+        # A client's own x-request-id names its request end to end (gate, logs, SDK).
+        "preserve_external_request_id": True,
         "codec_type": "AUTO",
         "stream_idle_timeout": "300s",
         "local_reply_config": local_reply_config(),

@@ -47,12 +47,14 @@ class Exchange:
     pool: str | None = None
     prompt_tokens: int = 0
     upstream_headers: dict[str, str] = field(default_factory=dict)
+    upstream_remove: list[str] = field(default_factory=list)  # request headers that stay here
     upstream_body: bytes | None = None
     client_headers: dict[str, str] = field(default_factory=dict)
     upstream_started: float | None = None  # when the request went on to the pool
     capture_body: bool = False
     decision: str = "forward"
     status: int | None = None
+    waited_s: float = 0.0  # in a queue or behind a leader: time that is not the gate's own work
     # Per-request state of the stages, by stage name: stages themselves keep none.
     state: dict[str, Any] = field(default_factory=dict)
 

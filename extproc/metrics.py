@@ -30,6 +30,12 @@ class Metrics:
             buckets=FAST_BUCKETS,
             registry=r,
         )
+        self.own_latency = Histogram(
+            "gate_own_latency_seconds",
+            "The gate's own time per request: its work without queue and coalescing waits.",
+            buckets=(0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0),
+            registry=r,
+        )
         self.stage_errors = Counter(
             "gate_stage_errors",
             "Stage hooks that raised; the stage was skipped for that request.",

@@ -13,6 +13,8 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, TypeVar
 
+from .access import log_access
+from .config import Config
 from .errors import error_reply
 from .exchange import Exchange, Reply
 from .metrics import Metrics
@@ -24,15 +26,16 @@ if TYPE_CHECKING:
 log = logging.getLogger("llm_gate.pipeline")
 T = TypeVar("T")
 HOOKS = ("on_headers", "on_request", "on_response", "on_response_body", "on_done")
+WORK_MARGIN_S = 5.0  # the stages' own work on top of the waits, under load
 
 
 class Pipeline:
     def __init__(
-        self, stages: list[Stage], handled_paths: list[str], metrics: Metrics,
-        services: Services | None = None,
+        self, stages: list[Stage], config: Config, metrics: Metrics, services: Services | None = None
     ) -> None:
         self.stages = stages
-        self.handled_paths = frozenset(handled_paths)
+        self.config = config
+        self.handled_paths = frozenset(config.routing.handled_paths)
         self.metrics = metrics
         self.services = services  # closed with the pipeline
         self.active = 0  # open streams on this pipeline (a retired one closes when it reaches 0)
@@ -48,6 +51,23 @@ class Pipeline:
 
     def handles(self, path: str) -> bool:
         return path.split("?", 1)[0] in self.handled_paths
+
+    def longer_timeout_s(self, ex: Exchange) -> float | None:
+        """How long Envoy should wait for this request's answer, when longer than its
+        message timeout: it may wait for a leader's answer and then for a slot."""
+        c, s = self.config, self.config.server
+        queue = c.admission.deadline_s(ex.priority) if c.admission.enabled else 0.0
+        coalesce = c.cache.enabled and c.cache.coalesce.enabled
+        follow = min(c.cache.coalesce.max_wait_s, queue or c.cache.coalesce.max_wait_s) if coalesce else 0.0
+        needed = queue + follow + WORK_MARGIN_S
+        if needed <= s.envoy_message_timeout_ms / 1000:
+            return None
+        return min(needed, s.envoy_max_message_timeout_ms / 1000)
+
+    def log_request(self, ex: Exchange, busy_s: float) -> None:
+        self.metrics.own_latency.observe(max(busy_s - ex.waited_s, 0.0))
+        if self.config.server.access_log:
+            log_access(ex, busy_s)
 
     async def on_headers(self, ex: Exchange) -> Reply | None:
         return await self._until_reply("on_headers", ex)

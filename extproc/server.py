@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
+import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -21,11 +23,27 @@ from grpc_health.v1.health import aio as health_aio
 
 from .exchange import Exchange, Reply, split_gate_headers
 from .pipeline import Pipeline
-from .wire import Continue, continue_response, header_map, immediate_response
+from .wire import Continue, continue_response, header_map, immediate_response, override_timeout
 
 log = logging.getLogger("llm_gate.server")
 
 REQUEST_ID_HEADER = "x-gate-request-id"
+CLIENT_REQUEST_ID = "x-request-id"  # what OpenAI's SDKs read (`response._request_id`)
+# Never sent on to a model server, on any path.
+CREDENTIALS = ["authorization", "x-api-key"]
+_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+
+
+def request_id(headers: dict[str, str]) -> str:
+    """The client's own id (`x-request-id`, or the trace id of `traceparent`) when it is a
+    plausible one; else a fresh one. It names the request in every header and log line."""
+    given = headers.get(CLIENT_REQUEST_ID, "")
+    if _ID.fullmatch(given):
+        return given
+    parts = headers.get("traceparent", "").split("-")
+    if len(parts) == 4 and len(parts[1]) == 32 and _ID.fullmatch(parts[1]):
+        return parts[1]
+    return uuid.uuid4().hex
 
 
 class Session:
@@ -39,25 +57,38 @@ class Session:
         self.busy = 0.0
         self.answered = False
 
-    async def handle(self, request: pb.ProcessingRequest) -> pb.ProcessingResponse | None:
+    async def handle(self, request: pb.ProcessingRequest) -> AsyncIterator[pb.ProcessingResponse]:
+        """The answers to one message: one, preceded by a request for a longer deadline when
+        the request may wait (queue, coalescing) longer than Envoy's message timeout."""
+        phase = request.WhichOneof("request")
+        if phase == "request_body" and request.request_body.end_of_stream and self.ex is not None:
+            seconds = self.pipeline.longer_timeout_s(self.ex)
+            if seconds is not None:
+                yield override_timeout(seconds)
         started = time.perf_counter()
         try:
-            phase = request.WhichOneof("request")
-            if phase == "request_headers":
-                return await self._request_headers(request.request_headers)
-            if phase == "request_body":
-                return await self._request_body(request.request_body)
-            if phase == "response_headers":
-                return await self._response_headers(request.response_headers)
-            if phase == "response_body":
-                body = request.response_body
-                await self.pipeline.on_response_body(self._exchange(), body.body, body.end_of_stream)
-                return continue_response(phase, Continue())
-            if phase is not None:
-                return continue_response(phase, Continue())
-            return None
+            response = await self._answer_message(phase, request)
         finally:
             self.busy += time.perf_counter() - started
+        if response is not None:
+            yield response
+
+    async def _answer_message(
+        self, phase: str | None, request: pb.ProcessingRequest
+    ) -> pb.ProcessingResponse | None:
+        if phase == "request_headers":
+            return await self._request_headers(request.request_headers)
+        if phase == "request_body":
+            return await self._request_body(request.request_body)
+        if phase == "response_headers":
+            return await self._response_headers(request.response_headers)
+        if phase == "response_body":
+            body = request.response_body
+            await self.pipeline.on_response_body(self._exchange(), body.body, body.end_of_stream)
+            return continue_response(phase, Continue())
+        if phase is not None:
+            return continue_response(phase, Continue())
+        return None
 
     async def _request_headers(self, message: pb.HttpHeaders) -> pb.ProcessingResponse:
         raw = header_map(message)
@@ -67,21 +98,23 @@ class Session:
             path=headers.get(":path", "/"),
             headers=headers,
             stripped=stripped,
+            request_id=request_id(headers),
         )
         if not self.pipeline.handles(ex.path):
             ex.decision = "passthrough"
+            remove = stripped + [h for h in CREDENTIALS if h in headers]
             return continue_response(
                 "request_headers",
-                Continue(remove_headers=stripped, clear_route=bool(stripped), passthrough=True),
+                Continue(remove_headers=remove, clear_route=bool(stripped), passthrough=True),
             )
         reply = await self.pipeline.on_headers(ex)
         if reply is None and message.end_of_stream:
             reply = await self.pipeline.on_request(ex)
         if reply is not None:
             return await self._answer(reply)
-        return continue_response(
-            "request_headers", Continue(remove_headers=stripped, clear_route=bool(stripped))
-        )
+        remove = stripped + [h for h in ex.upstream_remove if h in headers]
+        cont = Continue(remove_headers=remove, clear_route=bool(stripped))
+        return continue_response("request_headers", cont)
 
     async def _request_body(self, message: pb.HttpBody) -> pb.ProcessingResponse:
         ex = self._exchange()
@@ -106,13 +139,14 @@ class Session:
         await self.pipeline.on_response(ex, status, headers)
         self.answered = True
         out = dict(ex.client_headers)
-        out[REQUEST_ID_HEADER] = ex.request_id
+        out[REQUEST_ID_HEADER] = out[CLIENT_REQUEST_ID] = ex.request_id
         return continue_response("response_headers", Continue(set_headers=out, capture_body=ex.capture_body))
 
     async def _answer(self, reply: Reply) -> pb.ProcessingResponse:
         ex = self._exchange()
         ex.decision, ex.status = reply.decision, reply.status
-        headers = {**reply.headers, **ex.client_headers, REQUEST_ID_HEADER: ex.request_id}
+        headers = {**reply.headers, **ex.client_headers, REQUEST_ID_HEADER: ex.request_id,
+                   CLIENT_REQUEST_ID: ex.request_id}
         await self.pipeline.on_response(ex, reply.status, headers)
         self.answered = True
         return immediate_response(Reply(reply.status, reply.body, headers, reply.decision))
@@ -133,6 +167,7 @@ class Session:
             status = str(ex.status) if ex.status is not None else "none"
             metrics.requests.labels(ex.route_path, ex.decision, status).inc()
             await self.pipeline.on_done(ex)
+            self.pipeline.log_request(ex, self.busy)
 
 
 class ProtocolError(Exception):
@@ -159,8 +194,7 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
         metrics.streams_active.inc()
         try:
             async for request in request_iterator:
-                response = await session.handle(request)
-                if response is not None:
+                async for response in session.handle(request):
                     yield response
         except asyncio.CancelledError:
             metrics.stream_errors.labels("cancelled").inc()

@@ -95,3 +95,10 @@ def immediate_response(reply: Reply) -> pb.ProcessingResponse:
             body=reply.body,
         )
     )
+
+
+def override_timeout(seconds: float) -> pb.ProcessingResponse:
+    """Ask Envoy to wait up to `seconds` for the answer to the message being processed."""
+    response = pb.ProcessingResponse()
+    response.override_message_timeout.FromMilliseconds(max(1, round(seconds * 1000)))
+    return response

@@ -99,6 +99,7 @@ class Admission(Stage):
         self.metrics.admission.labels(ex.pool, "granted").inc()
         self.metrics.admission_wait.labels(cls).observe(waited)
         ex.client_headers[QUEUE_MS_HEADER] = str(round(waited * 1000))
+        ex.waited_s += waited
         return None
 
     async def on_done(self, ex: Exchange) -> None:

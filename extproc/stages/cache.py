@@ -117,7 +117,10 @@ class Cache(Stage):
         c = self.config.coalesce
         lead = c.enabled and f.access.store
         wait_s = min(c.max_wait_s, self.may_wait_s(ex))
+        started = self.clock()
         claim = await self.leases.claim(f.q.scope, f.key, lead=lead, wait_s=wait_s)
+        if claim.coalesced:
+            ex.waited_s += self.clock() - started
         if claim.role == "unavailable":
             f.store_ok = False
         elif claim.role == "leader":

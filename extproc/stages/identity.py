@@ -49,6 +49,9 @@ def resolve(config: IdentityConfig, headers: dict[str, str]) -> Caller | None:
     return caller or config.anonymous
 
 
+CREDENTIALS = ("authorization", "x-api-key")
+
+
 class Identity(Stage):
     name = "identity"
     fail_closed = True
@@ -69,6 +72,11 @@ class Identity(Stage):
                 code="invalid_api_key",
             )
         key = api_key(ex.headers)
+        ex.upstream_remove.extend(CREDENTIALS)
+        if not self.config.forward_identity_headers:
+            c = self.config
+            said = (c.tenant_header, c.tier_header, "x-priority")
+            ex.upstream_remove.extend(h for h in said if h in ex.headers)
         ex.key_id = key_id(key) if key else None
         ex.tenant = caller.tenant
         ex.tier = caller.tier

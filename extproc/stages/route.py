@@ -35,6 +35,9 @@ class Route(Stage):
 
     def __init__(self, routing: Routing) -> None:
         self.routing = routing
+        # Each pool's own key for its servers, read once (a missing one stops the gate at start).
+        keys = {name: pool.upstream_key() for name, pool in routing.pools.items()}
+        self.auth = {name: f"Bearer {key}" for name, key in keys.items() if key}
 
     @classmethod
     def build(cls, config: Config, services: Services) -> Route:
@@ -62,6 +65,11 @@ class Route(Stage):
         pool = self.routing.pools[pool_name]
         ex.pool = pool_name
         ex.upstream_headers[CLUSTER_HEADER] = pool.cluster
+        auth = self.auth.get(pool_name)
+        if auth is not None:
+            ex.upstream_headers["authorization"] = auth
+        else:
+            ex.upstream_headers.pop("authorization", None)
         ex.client_headers[CLUSTER_HEADER] = pool.cluster
         if pool.served_model and pool.served_model != ex.payload["model"]:
             ex.payload["model"] = pool.served_model

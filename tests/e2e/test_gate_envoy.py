@@ -43,9 +43,24 @@ def test_valid_chat_gets_the_primary_answer_with_gate_headers(client: httpx.Clie
     r = client.post(CHAT, json=chat("hello gate"))
     assert r.status_code == 200
     assert r.headers["x-gate-cluster"] == "primary"
-    assert len(r.headers["x-gate-request-id"]) == 32
+    assert r.headers["x-gate-request-id"] == r.headers["x-request-id"] != ""
     body = r.json()
     assert body["choices"][0]["message"]["content"].startswith("[llama-3-8b] Answer to: hello gate")
+
+
+def test_the_clients_request_id_names_the_request_and_its_key_stays_here(
+    client: httpx.Client, stack: Stack
+) -> None:
+    r = client.post(
+        CHAT, json=chat("whose id?"),
+        headers={"x-request-id": "client-id-123", "authorization": "Bearer sk-client-secret"},
+    )
+    assert r.status_code == 200
+    assert r.headers["x-request-id"] == r.headers["x-gate-request-id"] == "client-id-123"
+    bad = client.post(CHAT, json={"model": 3}, headers={"x-request-id": "client-id-456"})
+    assert bad.status_code == 400 and bad.headers["x-request-id"] == "client-id-456"
+    seen = sim_state(stack, "primary")["last_headers"][CHAT]
+    assert "authorization" not in seen and "x-api-key" not in seen
 
 
 def test_fallback_model_alias_is_served_by_fallback_with_rewritten_model(
