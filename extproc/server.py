@@ -197,7 +197,10 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
                 async for response in session.handle(request):
                     yield response
         except asyncio.CancelledError:
-            metrics.stream_errors.labels("cancelled").inc()
+            # Envoy ends a stream it needs no more once the response is on its way: only a
+            # stream cut before the gate answered is an error.
+            if not session.answered:
+                metrics.stream_errors.labels("cancelled").inc()
             raise
         except ProtocolError as exc:
             metrics.stream_errors.labels("protocol").inc()
