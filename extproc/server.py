@@ -46,6 +46,18 @@ def request_id(headers: dict[str, str]) -> str:
     return uuid.uuid4().hex
 
 
+# A JSON answer up to this size reaches the gate in one message (Envoy buffers it; its own
+# buffer limit is 1 MiB); larger ones, streams and bodies of unknown size come chunk by chunk.
+WHOLE_BODY_MAX = 512 * 1024
+
+
+def whole_body(headers: dict[str, str]) -> bool:
+    """Whether a captured response body can come as one message: JSON of a known, small size."""
+    length = headers.get("content-length", "")
+    is_json = headers.get("content-type", "").split(";", 1)[0].strip().lower() == "application/json"
+    return is_json and length.isdigit() and int(length) <= WHOLE_BODY_MAX
+
+
 class Session:
     """The state of one stream: what we know of the request so far."""
 
@@ -140,7 +152,8 @@ class Session:
         self.answered = True
         out = dict(ex.client_headers)
         out[REQUEST_ID_HEADER] = out[CLIENT_REQUEST_ID] = ex.request_id
-        return continue_response("response_headers", Continue(set_headers=out, capture_body=ex.capture_body))
+        cont = Continue(set_headers=out, capture_body=ex.capture_body, whole_body=whole_body(headers))
+        return continue_response("response_headers", cont)
 
     async def _answer(self, reply: Reply) -> pb.ProcessingResponse:
         ex = self._exchange()

@@ -28,8 +28,10 @@ def _mode(request_body: int, response_headers: int, response_body: int) -> proce
 
 # Paths the gate does not handle: nothing more of this exchange reaches the gate.
 PASSTHROUGH = _mode(Mode.NONE, Mode.SKIP, Mode.NONE)
-# After the response headers: stream the response body to the gate, chunk by chunk.
+# After the response headers: stream the response body to the gate, chunk by chunk...
 CAPTURE_BODY = _mode(Mode.BUFFERED, Mode.SEND, Mode.STREAMED)
+# ...or, for a JSON answer of known size, in one message once it is all in.
+CAPTURE_WHOLE = _mode(Mode.BUFFERED, Mode.SEND, Mode.BUFFERED)
 
 
 @dataclass
@@ -42,6 +44,7 @@ class Continue:
     clear_route: bool = False
     passthrough: bool = False
     capture_body: bool = False
+    whole_body: bool = False  # with capture_body: one message with the whole body
 
 
 def header_map(message: pb.HttpHeaders) -> dict[str, str]:
@@ -83,7 +86,7 @@ def continue_response(phase: str, cont: Continue) -> pb.ProcessingResponse:
     if cont.passthrough:
         response.mode_override.CopyFrom(PASSTHROUGH)
     elif cont.capture_body:
-        response.mode_override.CopyFrom(CAPTURE_BODY)
+        response.mode_override.CopyFrom(CAPTURE_WHOLE if cont.whole_body else CAPTURE_BODY)
     return response
 
 

@@ -158,6 +158,7 @@ class Breakers:
             try:
                 await self.sync_once()
             except Exception:
+                self.metrics.background_errors.labels("breaker_sync").inc()
                 log.exception("breaker sync failed")
             await asyncio.sleep(self.config.sync_interval_s)
 
