@@ -91,6 +91,13 @@ class Routing(Strict):
         return self
 
 
+class ServerTLS(Strict):
+    cert_file: Path  # PEM certificate chain the gRPC port presents
+    key_file: Path  # its PEM private key
+    # PEM CA bundle: when set, clients (Envoy, the gate) must present a certificate it signed.
+    client_ca_file: Path | None = None
+
+
 class Server(Strict):
     host: str = "127.0.0.1"
     port: int = Field(default=50051, ge=0, le=65535)
@@ -99,6 +106,14 @@ class Server(Strict):
     admin_port: int | None = Field(default=None, ge=0, le=65535)
     workers: int = Field(default=1, ge=1, le=64)
     grace_seconds: float = Field(default=5.0, ge=0)
+    # The admin endpoint's own bind address (not `host`): keep it on loopback or a trusted network.
+    admin_host: str = "127.0.0.1"
+    # Bearer token the admin endpoint requires (`authorization: Bearer TOKEN`), read from this
+    # file or, when no file is set, from this environment variable. Required off loopback.
+    admin_token_file: Path | None = None
+    admin_token_env: str = "LLM_GATE_ADMIN_TOKEN"
+    # TLS on the gRPC port (None: plaintext, for loopback or a mesh sidecar that adds mTLS).
+    tls: ServerTLS | None = None
 
 
 class Store(Strict):
