@@ -1,7 +1,7 @@
 """The package as an operator installs it: build the wheel, install it into an empty venv,
-`llm-gate --version`, `llm-gate serve --config config.example.yaml` with an empty model
-directory (the gate builds its models on first start), wait for grpc.health.v1 SERVING, and
-send one chat completion through a real Envoy to a simulated vLLM.
+`llm-gate --version`, `llm-gate serve --config config.example.yaml`, wait for grpc.health.v1
+SERVING, send one chat completion through a real Envoy to a simulated vLLM, then
+`llm-gate build-models` into an empty model directory (no torch installed on the way).
 
 Run from the checkout with the dev venv: `python deploy/ci/wheel_smoke.py` (`make package-check`).
 The simulator and Envoy come from the dev venv; everything of the gate from the fresh one.
@@ -88,12 +88,13 @@ def main() -> int:
 
     env["LLM_GATE_MODEL_DIR"] = str(work / "models")  # empty: built on first start
     port, metrics = free_port(), free_port()
-    stack = Stack(workdir=work, external_gate=True, gate_ports=[port])
+    (work / "stack").mkdir(exist_ok=True)
+    stack = Stack(workdir=work / "stack", external_gate=True, gate_ports=[port])
     log = open(work / "gate.log", "wb")
     proc = None
     try:
         stack.start()
-        step(f"serving config.example.yaml on {port} (models build into {env['LLM_GATE_MODEL_DIR']})")
+        step(f"serving config.example.yaml on {port}")
         proc = subprocess.Popen(
             [gate, "serve", "--config", ROOT / "config.example.yaml", "--port", str(port),
              "--metrics-port", str(metrics)],
@@ -117,6 +118,15 @@ def main() -> int:
         with urllib.request.urlopen(f"http://{LOOPBACK}:{metrics}/metrics", timeout=5) as m:
             if b"gate_requests_total" not in m.read():
                 raise SystemExit("the gate's /metrics has no gate_requests_total")
+        step("`llm-gate build-models` into the empty model directory (MiniLM fetched without torch)")
+        t1 = time.monotonic()
+        step(run(gate, "build-models", env=env).strip().replace("\n", "; "))
+        built = sorted(p.parent.name for p in (work / "models").glob("*/embedder.json"))
+        step(f"built {built} in {time.monotonic() - t1:.0f}s")
+        if built != ["e5-small", "minilm"]:
+            raise SystemExit("build-models did not build both embedding models")
+        if "torch" in run(venv / "bin" / "python", "-m", "pip", "list", env=env):
+            raise SystemExit("torch was installed into the gate's venv")
     except BaseException:
         log.flush()
         sys.stderr.write((work / "gate.log").read_text(errors="replace")[-4000:])
