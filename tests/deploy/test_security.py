@@ -122,3 +122,50 @@ def test_the_admin_endpoint_refuses_to_start_off_loopback_without_a_token(tmp_pa
     )
     assert out.returncode != 0
     assert "not loopback" in out.stderr and "LLM_GATE_TEST_NO_SUCH_TOKEN" in out.stderr
+
+
+
+@pytest.fixture
+def tls_scheduler(tmp_path: Path) -> Iterator[tuple[str, dict[str, str]]]:
+    """`llm-gate scheduler` with admission.scheduler_tls (mutual TLS); its address and settings."""
+    make_certs(tmp_path)
+    tls = {"cert_file": str(tmp_path / "server.pem"), "key_file": str(tmp_path / "server.key"),
+           "client_ca_file": str(tmp_path / "ca.pem"), "ca_file": str(tmp_path / "ca.pem"),
+           "client_cert_file": str(tmp_path / "client.pem"), "client_key_file": str(tmp_path / "client.key")}
+    (tmp_path / "gate.yaml").write_text(yaml.safe_dump({"admission": {"scheduler_tls": tls}}))
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "extproc.cli", "scheduler", "--pool", "primary", "--config",
+         str(tmp_path / "gate.yaml"), "--port", str(port)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    try:
+        wait_port(port, 60, proc)
+        yield f"127.0.0.1:{port}", tls
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+async def test_gates_reach_a_tls_scheduler_only_with_its_ca_and_their_certificate(
+    tls_scheduler: tuple[str, dict[str, str]],
+) -> None:
+    from extproc.metrics import Metrics
+    from extproc.scheduler.client import RemoteScheduler
+    from extproc.scheduler.queue import Granted, Ticket
+    from extproc.scheduler.settings import SchedulerTLS
+
+    address, tls = tls_scheduler
+    full = SchedulerTLS.model_validate(tls)
+    no_cert = full.model_copy(update={"client_cert_file": None, "client_key_file": None})
+    remotes = {
+        "tls": RemoteScheduler("primary", address, Metrics(), 2.0, 60, full),
+        "no client cert": RemoteScheduler("primary", address, Metrics(), 2.0, 60, no_cert),
+        "plaintext": RemoteScheduler("primary", address, Metrics(), 2.0, 60),
+    }
+    got = {name: await r.acquire(Ticket(f"t-{i}", deadline_s=2.0), 10, "t")
+           for i, (name, r) in enumerate(remotes.items())}
+    assert isinstance(got["tls"], Granted)
+    assert got["no client cert"] is None and got["plaintext"] is None  # could not ask: fail open
+    for remote in remotes.values():
+        await remote.close()
