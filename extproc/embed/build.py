@@ -321,7 +321,7 @@ BUILDERS: dict[str, Callable[[Path], bool]] = {"e5-small": build_e5, "minilm": b
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m extproc.embed.build", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="llm-gate build-models", description=__doc__.split("\n")[0])
     ap.add_argument(
         "--out",
         type=Path,

@@ -108,8 +108,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="llm-gate scheduler", description=__doc__)
     parser.add_argument("--pool", required=True, help="the pool this scheduler admits for")
     parser.add_argument("--config", type=Path, help="the gate's YAML (its admission section)")
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=50061)
+    parser.add_argument("--host", default="127.0.0.1", help="address of the gRPC and metrics ports")
+    parser.add_argument("--port", type=int, default=50061, help="gRPC port (the gates' scheduler address)")
     parser.add_argument("--metrics-port", type=int, default=0, help="Prometheus port (0 = off)")
     args = parser.parse_args(argv)
     try:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from pydantic import BaseModel
 
 from extproc import cli, envoy_config
 from extproc.config import Config, parse_config
@@ -50,7 +51,7 @@ def test_the_example_config_is_valid_and_states_true_defaults() -> None:
     raw = yaml.safe_load(text)
 
     def walk(node: object, model: object, where: str) -> None:
-        if isinstance(node, dict) and hasattr(model, "model_fields"):
+        if isinstance(node, dict) and isinstance(model, BaseModel):
             for key, value in node.items():
                 walk(value, getattr(model, key), f"{where}.{key}")
         elif not isinstance(node, dict | list):
@@ -108,3 +109,33 @@ def test_breaker_state_is_also_a_state_label() -> None:
     m.breaker_state.labels("primary").set(0)
     assert get("gate_breaker_status", {"pool": "primary", "state": "closed"}) == 1
     assert get("gate_breaker_status", {"pool": "primary", "state": "open"}) == 0
+
+
+# Their modules' owners document these flags; every other command is held to it here.
+UNDOCUMENTED_ELSEWHERE = {"envoy-config", "breaker"}
+
+
+class _ParsedError(Exception):
+    pass
+
+
+@pytest.mark.parametrize("name", [n for n, _, _ in cli.DELEGATED if n not in UNDOCUMENTED_ELSEWHERE])
+def test_every_flag_of_every_delegated_command_has_help(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    import argparse
+
+    seen: list[argparse.ArgumentParser] = []
+
+    def grab(self: argparse.ArgumentParser, *args: object, **kwargs: object) -> None:
+        seen.append(self)
+        raise _ParsedError
+
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_args", grab)
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_known_args", grab)
+    target = dict((n, t) for n, t, _ in cli.DELEGATED)[name]
+    module = __import__(target, fromlist=["main"])
+    with pytest.raises(_ParsedError):
+        module.main([])
+    (parser,) = seen
+    assert parser.prog == f"llm-gate {name}"
+    for action in parser._actions:
+        assert action.help, (name, action.dest)
