@@ -92,18 +92,10 @@ def cmd_check_config(args: argparse.Namespace) -> int:
 
 
 def parser() -> argparse.ArgumentParser:
-    commands = "\n".join(
-        [
-            "  serve           run the ext_proc gate",
-            "  check-config    validate a config file and cross-check it against Envoy",
-            *(f"  {name:<15} {text}" for name, _, text in DELEGATED),
-        ]
-    )
     p = argparse.ArgumentParser(
         prog="llm-gate",
         description=__doc__,
-        epilog=f"commands:\n{commands}\n\n`llm-gate COMMAND --help` lists each command's flags.",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="`llm-gate COMMAND --help` lists each command's flags.",
     )
     p.add_argument("--version", action="version", version=f"llm-gate {version()}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
