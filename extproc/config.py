@@ -111,6 +111,13 @@ class Routing(Strict):
         return self
 
 
+class ServerTLS(Strict):
+    cert_file: Path  # PEM certificate chain the gRPC port presents
+    key_file: Path  # its PEM private key
+    # PEM CA bundle: when set, clients (Envoy, the gate) must present a certificate it signed.
+    client_ca_file: Path | None = None
+
+
 class Server(Strict):
     host: str = "127.0.0.1"
     port: int = Field(default=50051, ge=0, le=65535)
@@ -124,6 +131,14 @@ class Server(Strict):
     envoy_message_timeout_ms: float = Field(default=35_000.0, gt=0)
     envoy_max_message_timeout_ms: float = Field(default=60_000.0, gt=0)
     access_log: bool = True  # one JSON line per request (logger llm_gate.access)
+    # The admin endpoint's own bind address (not `host`): keep it on loopback or a trusted network.
+    admin_host: str = "127.0.0.1"
+    # Bearer token the admin endpoint requires (`authorization: Bearer TOKEN`), read from this
+    # file or, when no file is set, from this environment variable. Required off loopback.
+    admin_token_file: Path | None = None
+    admin_token_env: str = "LLM_GATE_ADMIN_TOKEN"
+    # TLS on the gRPC port (None: plaintext, for loopback or a mesh sidecar that adds mTLS).
+    tls: ServerTLS | None = None
 
 
 class Store(Strict):

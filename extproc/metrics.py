@@ -4,6 +4,41 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
+BREAKER_STATES = ("closed", "half_open", "open")  # as gate_breaker_state encodes them: 0, 1, 2
+
+
+class _PoolState:
+    def __init__(self, number: Gauge, status: Gauge, pool: str) -> None:
+        self._number, self._status, self._pool = number, status, pool
+
+    def set(self, value: float) -> None:
+        self._number.labels(self._pool).set(value)
+        for i, state in enumerate(BREAKER_STATES):
+            self._status.labels(self._pool, state).set(1.0 if i == int(value) else 0.0)
+
+
+class BreakerStateGauges:
+    """`gate_breaker_state` (0/1/2, kept for existing dashboards) and `gate_breaker_status`, one
+    series per state with the value 1 for the state a pool is in: `{state="open"} == 1`."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.number = Gauge(
+            "gate_breaker_state",
+            "Latency breaker state per pool as this process routes: 0 closed, 1 half-open, 2 open.",
+            ["pool"],
+            registry=registry,
+        )
+        self.status = Gauge(
+            "gate_breaker_status",
+            "1 for the latency breaker state each pool is in as this process routes, else 0.",
+            ["pool", "state"],
+            registry=registry,
+        )
+
+    def labels(self, pool: str) -> _PoolState:
+        return _PoolState(self.number, self.status, pool)
+
+
 FAST_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
 
 
@@ -32,13 +67,13 @@ class Metrics:
         )
         self.own_latency = Histogram(
             "gate_own_latency_seconds",
-            "The gate's own time per request: its work without queue and coalescing waits.",
-            buckets=(0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0),
+            "The gate's own processing time per request, without admission queue and coalescing waits.",
+            buckets=FAST_BUCKETS,
             registry=r,
         )
         self.stage_errors = Counter(
             "gate_stage_errors",
-            "Stage hooks that raised; the stage was skipped for that request.",
+            "Stage hooks that raised: a fail-closed stage answered 500, any other was skipped.",
             ["stage", "hook"],
             registry=r,
         )
@@ -89,12 +124,7 @@ class Metrics:
             registry=r,
         )
 
-        self.breaker_state = Gauge(
-            "gate_breaker_state",
-            "Latency breaker state per pool as this process routes: 0 closed, 1 half-open, 2 open.",
-            ["pool"],
-            registry=r,
-        )
+        self.breaker_state = BreakerStateGauges(r)
         self.breaker_oldest_wait = Gauge(
             "gate_breaker_oldest_wait_seconds",
             "Age of the oldest upstream call of this process still waiting for its first byte.",

@@ -21,8 +21,10 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 
+from .config import ServerTLS
 from .exchange import Exchange, Reply, split_gate_headers
 from .pipeline import Pipeline
+from .tls import bind
 from .wire import Continue, continue_response, header_map, immediate_response, override_timeout
 
 log = logging.getLogger("llm_gate.server")
@@ -238,7 +240,9 @@ class Running:
     processor: ExternalProcessor
 
 
-async def start_server(pipeline: Pipeline, host: str, port: int, max_message_bytes: int) -> Running:
+async def start_server(
+    pipeline: Pipeline, host: str, port: int, max_message_bytes: int, tls: ServerTLS | None = None
+) -> Running:
     """Start the gRPC server on `port` (0: any); health says NOT_SERVING until `mark_serving`."""
     options = [
         ("grpc.max_receive_message_length", max_message_bytes),
@@ -250,7 +254,7 @@ async def start_server(pipeline: Pipeline, host: str, port: int, max_message_byt
     pb_grpc.add_ExternalProcessorServicer_to_server(processor, server)
     health_servicer = health_aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    bound = server.add_insecure_port(f"{host}:{port}")
+    bound = bind(server, f"{host}:{port}", tls)
     if bound == 0:
         raise OSError(f"cannot listen on {host}:{port}")
     await server.start()

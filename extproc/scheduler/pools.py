@@ -49,7 +49,8 @@ class Pools:
             address = s.pool(pool).scheduler
             if address:
                 found = RemoteScheduler(
-                    pool, address, self.metrics, s.scheduler_timeout_ms / 1000, s.lease_ms / 1000
+                    pool, address, self.metrics, s.scheduler_timeout_ms / 1000, s.lease_ms / 1000,
+                    s.scheduler_tls,
                 )
             else:
                 local = LocalScheduler(

@@ -14,6 +14,7 @@ import grpc
 
 from ..config import Config, ConfigError, load_config
 from ..metrics import Metrics
+from ..tls import bind
 from .local import LocalScheduler
 from .proto import CLASS_TO_PB, acquire_response, pb, pb_grpc, ticket_of
 from .queue import Refused
@@ -90,7 +91,7 @@ async def serve(config: Config, pool: str, host: str, port: int, metrics_port: i
     await scheduler.start()
     server = grpc.aio.server()
     pb_grpc.add_SchedulerServicer_to_server(SchedulerService(scheduler), server)  # type: ignore[no-untyped-call]
-    if server.add_insecure_port(f"{host}:{port}") == 0:
+    if bind(server, f"{host}:{port}", admission.scheduler_tls) == 0:
         raise OSError(f"cannot listen on {host}:{port}")
     await server.start()
     log.info("scheduler for pool %s on %s:%d (capacity from %s)", pool, host, port, scheduler.limit.source)
@@ -107,8 +108,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="llm-gate scheduler", description=__doc__)
     parser.add_argument("--pool", required=True, help="the pool this scheduler admits for")
     parser.add_argument("--config", type=Path, help="the gate's YAML (its admission section)")
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=50061)
+    parser.add_argument("--host", default="127.0.0.1", help="address of the gRPC and metrics ports")
+    parser.add_argument("--port", type=int, default=50061, help="gRPC port (the gates' scheduler address)")
     parser.add_argument("--metrics-port", type=int, default=0, help="Prometheus port (0 = off)")
     args = parser.parse_args(argv)
     try:

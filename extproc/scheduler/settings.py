@@ -6,6 +6,7 @@ configures the gate and `llm-gate scheduler`.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -61,6 +62,18 @@ class PoolAdmission(_Strict):
     capacity: Capacity = Capacity()
 
 
+class SchedulerTLS(_Strict):
+    """TLS between the gates and remote schedulers; the same file configures both sides."""
+
+    cert_file: Path  # the scheduler's PEM certificate chain
+    key_file: Path  # ... and its key
+    # The scheduler requires gates to present a certificate this CA signed (None: any client).
+    client_ca_file: Path | None = None
+    ca_file: Path | None = None  # gates verify the scheduler against this CA (None: system roots)
+    client_cert_file: Path | None = None  # what gates present (with client_ca_file set)
+    client_key_file: Path | None = None
+
+
 class TokenBudget(_Strict):
     # Tokens per minute by tenant; "*" applies to tenants not listed; none: unlimited.
     tokens_per_minute: dict[str, int] = Field(default_factory=dict)
@@ -94,6 +107,8 @@ class Admission(_Strict):
     # Connecting to / answering from a remote scheduler (besides the queue wait itself).
     scheduler_timeout_ms: float = Field(default=500.0, gt=0)
     token_budget: TokenBudget = TokenBudget()
+    # TLS on the schedulers' gRPC ports and the gates' connections to them (None: plaintext).
+    scheduler_tls: SchedulerTLS | None = None
 
     def pool(self, name: str) -> PoolAdmission:
         return self.pools.get(name) or PoolAdmission()
