@@ -18,6 +18,7 @@ from pathlib import Path
 from .config import Config
 
 log = logging.getLogger("llm_gate.workers")
+YOUNG_S = 10.0  # a worker that exits sooner than this after its start is failing to start
 
 
 def _worker(config: Config, index: int, config_path: Path | None) -> None:
@@ -32,10 +33,14 @@ def supervise(config: Config, config_path: Path | None = None) -> int:
     procs: dict[int, BaseProcess] = {}
     stopping = False
 
+    started: dict[int, float] = {}
+    quick_exits: dict[int, int] = {}
+
     def start(index: int) -> None:
         proc = ctx.Process(target=_worker, args=(config, index, config_path), name=f"gate-{index}")
         proc.start()
         procs[index] = proc
+        started[index] = time.monotonic()
 
     def stop(signum: int, _frame: object) -> None:
         nonlocal stopping
@@ -63,8 +68,12 @@ def supervise(config: Config, config_path: Path | None = None) -> int:
         time.sleep(0.2)
         for index, proc in list(procs.items()):
             if not proc.is_alive() and not stopping:
-                log.warning("gate worker %d exited with %s; restarting", index, proc.exitcode)
-                time.sleep(1.0)  # a worker that cannot start must not spin the supervisor
+                # At once after a crash; a worker that keeps dying young backs off (up to 5 s).
+                young = time.monotonic() - started[index] < YOUNG_S
+                quick_exits[index] = quick_exits.get(index, 0) + 1 if young else 0
+                delay = min(0.25 * 2 ** quick_exits[index], 5.0) if quick_exits[index] else 0.0
+                log.warning("gate worker %d exited with %s; restarting in %.2fs", index, proc.exitcode, delay)
+                time.sleep(delay)
                 start(index)
     for proc in procs.values():
         proc.join(timeout=10)
