@@ -94,6 +94,14 @@ class Admission(_Strict):
     # Connecting to / answering from a remote scheduler (besides the queue wait itself).
     scheduler_timeout_ms: float = Field(default=500.0, gt=0)
     token_budget: TokenBudget = TokenBudget()
+    # Slots kept free for vip while vip traffic flows: its measured concurrency (arrivals x
+    # service time) times reserve_factor, at most reserve_max_share of a pool (0: no reserve).
+    # The other tiers lose only the reserved slots vip leaves idle, and nothing without vip traffic.
+    reserve_factor: float = Field(default=1.5, ge=0)
+    reserve_max_share: float = Field(default=0.5, ge=0, lt=1)
+    # How often waiting requests' ETAs are checked: one that can no longer make its deadline
+    # is shed then (503 with eta_ms), not when the deadline passes.
+    shed_check_ms: float = Field(default=50.0, gt=0)
 
     def pool(self, name: str) -> PoolAdmission:
         return self.pools.get(name) or PoolAdmission()
@@ -108,6 +116,9 @@ class Admission(_Strict):
             default_deadline_s=self.deadline_ms.get("standard", 10_000.0) / 1000,
             lease_s=self.lease_ms / 1000,
             pressure_hold_s=self.pressure_hold_ms / 1000,
+            reserve_factor=self.reserve_factor,
+            reserve_max_share=self.reserve_max_share,
+            recheck_s=self.shed_check_ms / 1000,
         )
 
     def deadline_s(self, cls: str) -> float:
