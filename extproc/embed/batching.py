@@ -166,6 +166,10 @@ class BatchingEmbedder:
                 return await asyncio.shield(item.future)
         except TimeoutError:
             raise self._shed("timeout", self.timeout_s or 0.0) from None
+        except asyncio.CancelledError:
+            if self.timeout_s is not None and self._clock() - item.queued >= 0.9 * self.timeout_s:
+                self._shed("timeout", self.timeout_s)  # the caller's own time box of the same length
+            raise
         finally:
             if not item.future.done() or item.future.cancelled():
                 item.abandoned = True  # cancelled or timed out: not worth computing
