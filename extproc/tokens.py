@@ -79,7 +79,8 @@ class TokenCounter:
             for piece in slices(text, self.slice_chars):
                 if limit is not None and total > limit:
                     return total + round(remaining * total / max(seen, 1))
-                total += len(self._tok.encode(piece, add_special_tokens=False).ids)
+                # encode_batch, even of one, runs without the GIL: the event loop keeps going
+                total += len(self._tok.encode_batch([piece], add_special_tokens=False)[0].ids)
                 seen += len(piece)
                 remaining -= len(piece)
         return total
