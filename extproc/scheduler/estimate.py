@@ -6,10 +6,11 @@ Wait. A slot frees up every `service_s / limit` seconds on average while the poo
 (Little's law on the slots), so the request that needs the `k`-th release from now waits
 about `k * service_s / limit`. Higher classes that arrive meanwhile go first: only the
 releases they leave count (never fewer than a tenth, so the estimate stays finite).
-`service_s` is the recent mean time a slot was held; when the requests holding slots now
-have been running longer than that (the pool slowed down), the median of their ages is
-used instead: the estimate grows as soon as the slowdown shows, not after the slow requests
-finish. Before anything was measured the estimate is unknown (None) and nobody is shed on it.
+`service_s` is the time a slot was held, averaged over recent releases with the newest
+weighing most (`SERVICE_WEIGHT` each), so a pool that slowed down shows in a few releases;
+when the requests holding slots now have been running longer than that, the median of their
+ages is used instead: the estimate grows as soon as the slowdown shows, not after the slow
+requests finish. Before anything was measured the estimate is unknown (None) and nobody is shed on it.
 
 Reserve. Of `limit` slots, the top tier gets `ceil(factor * rate * service_s)` to itself
 (its expected concurrency with headroom), at most `max_share` of the pool and never the last
@@ -23,14 +24,19 @@ import math
 import statistics
 from collections.abc import Sequence
 
+SERVICE_WEIGHT = 0.25
+
 
 def service_time(recent: Sequence[float], held_ages: Sequence[float]) -> float | None:
-    """Seconds a slot is held: the recent mean, or the running requests' median age if larger."""
-    mean = statistics.fmean(recent) if recent else None
-    running = statistics.median(held_ages) if held_ages else None
-    if mean is None:
+    """Seconds a slot is held: recent releases (oldest first, the newest weighing most), or the
+    running requests' median age if larger."""
+    if not recent:
         return None  # ages alone say how long requests have run, not how long they take
-    return max(mean, running or 0.0)
+    mean = recent[0]
+    for x in recent[1:]:
+        mean += SERVICE_WEIGHT * (x - mean)
+    running = statistics.median(held_ages) if held_ages else 0.0
+    return max(mean, running)
 
 
 def releases_needed(ahead: int, free: int) -> int:

@@ -14,7 +14,9 @@ NO_WINDOWS = Policy(batch_window_s={c: 0.0 for c in CLASSES})
 SERVICE_CASES = [
     ("nothing measured", [], [], None),
     ("running only: unknown", [], [5.0, 5.0], None),
-    ("recent mean", [0.2, 0.4], [], 0.3),
+    ("steady", [0.3, 0.3, 0.3], [], 0.3),
+    ("the newest weighs most", [0.2, 0.4], [], 0.25),
+    ("a slowdown shows within a few releases", [0.25] * 28 + [3.25] * 4, [], 3.25 - 3.0 * 0.75**4),
     ("running shorter than usual", [1.0, 1.0], [0.1, 0.2, 0.3], 1.0),
     ("running longer: slowed down", [0.25, 0.25], [2.0, 3.0, 0.1], 2.0),
 ]
