@@ -37,7 +37,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from .estimate import reserve_slots, service_time, wait_estimate
@@ -131,6 +131,7 @@ class _View:
     service_s: float | None
     reserved: int
     arrivals_per_s: dict[str, float]
+    held_by_the_rest: int  # slots held by grants outside the top bands
 
 
 @dataclass
@@ -273,8 +274,10 @@ class Queue:
             if self.free(band, view) <= 0:
                 break  # only reserved slots are left, and the best-ranked may not take one
             self.cancel(best.ticket.id, now)
-            lease = now + self.policy.lease_s
-            self.held[best.ticket.id] = _Held(best.cls, best.ticket.tokens, lease, now, band <= TOP_BANDS)
+            lease, top = now + self.policy.lease_s, band <= TOP_BANDS
+            self.held[best.ticket.id] = _Held(best.cls, best.ticket.tokens, lease, now, top)
+            if not top:
+                view = replace(view, held_by_the_rest=view.held_by_the_rest + 1)
             waited = now - best.arrived
             events.append(Granted(best.ticket.id, best.cls, best.ticket.cls, waited, best.demoted))
         return events
@@ -318,7 +321,7 @@ class Queue:
         service = self.service_s(now)
         top = rates[CLASSES[0]]
         reserved = reserve_slots(self.limit, top, service, p.reserve_factor, p.reserve_max_share)
-        return _View(service, reserved, rates)
+        return _View(service, reserved, rates, sum(1 for h in self.held.values() if not h.top))
 
     def reserved(self, now: float) -> int:
         """Slots only the top tier's bands may take now."""
@@ -328,7 +331,7 @@ class Queue:
         """Slots a request of `band` (after aging) may take now: the rest may hold all but the reserve."""
         free = self.limit - len(self.held)
         if band > TOP_BANDS:
-            free = min(free, self.limit - view.reserved - sum(1 for h in self.held.values() if not h.top))
+            free = min(free, self.limit - view.reserved - view.held_by_the_rest)
         return max(0, free)
 
     def eta(self, entry: _Waiting, now: float) -> float:
