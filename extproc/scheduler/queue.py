@@ -65,7 +65,7 @@ class Policy:
     # Slots kept for the top tier: its measured concurrency times reserve_factor (0: none),
     # at most reserve_max_share of the pool.
     reserve_factor: float = 1.5
-    reserve_max_share: float = 0.5
+    reserve_max_share: float = 0.25
     recheck_s: float = 0.05  # how often waiting requests' ETAs are checked against their deadlines
     service_samples: int = 32  # recent slot hold times the service-time estimate averages
 
