@@ -284,6 +284,13 @@ class CacheSemantic(Strict):
     batch_window_ms: float = Field(default=1.0, ge=0)
     # e.g. [{tenant: acme-cn, embedder: e5-small}]: Chinese-speaking tenants on the multilingual model
     profiles: list[SemanticProfile] = Field(default_factory=list)
+    # ONNX intra-op threads per inference and batches in flight per gate process. None: from the
+    # cores available (two batches once there are two cores; the cores shared among processes).
+    embed_threads: int | None = Field(default=None, ge=1)
+    embed_workers: int | None = Field(default=None, ge=1)
+    # Texts waiting for an embedding beyond this, or whose wait would pass embed_timeout_ms,
+    # take the exact path at once (gate_embed_shed_total), not after the time-out.
+    embed_max_queue: int = Field(default=256, ge=1)
 
     def for_profile(self, profile: SemanticProfile) -> CacheSemantic:
         """This section with the profile's choices in place of the defaults."""

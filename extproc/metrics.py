@@ -214,6 +214,13 @@ class Metrics:
             buckets=FAST_BUCKETS,
             registry=r,
         )
+        self.embed_shed = Counter(
+            "gate_embed_shed",
+            "Embeddings not computed because they could not arrive in time (queue_full, late, "
+            "timeout): those requests took the exact path only.",
+            ["reason"],
+            registry=r,
+        )
 
         # Admission queue (the scheduler service, or the gate's embedded queue).
         self.queue_length = Gauge(

@@ -67,7 +67,9 @@ class Services:
             budgets=MemoryBudgets() if redis is None else RedisBudgets(redis),
             answers=answers,
             leases=Leases(answers, store, c.coalesce, metrics, tasks),
-            matchers=load_matchers(c.semantic, metrics) if c.enabled else Matchers(None, []),
+            matchers=(
+                load_matchers(c.semantic, metrics, config.server.workers) if c.enabled else Matchers(None, [])
+            ),
             breakers=breakers,
             pools=pools,
         )

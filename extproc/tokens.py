@@ -3,10 +3,18 @@
 The default tokenizer.json is all-MiniLM-L6-v2's BERT WordPiece vocabulary (Apache-2.0),
 shipped inside this package as `extproc/data/minilm-tokenizer.json`; operators point
 `validation.tokenizer` at their served model's own tokenizer.json for exact counts.
+
+Big prompts must not stall the other streams of a worker: text is counted in slices cut at
+whitespace (the tokenizer's pre-tokenizer splits there anyway, so the sum is the whole
+count), counting stops once a limit is passed (the rest is extrapolated from the characters
+per token seen so far: an "about" figure, always above the limit), and ``measure`` runs the
+counting of prompts above ``offload_chars`` in a thread (the tokenizer releases the GIL).
 """
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Iterator
 from importlib import resources
 from pathlib import Path
 
@@ -14,23 +22,65 @@ from tokenizers import Tokenizer
 
 # Chat templates add a few tokens per message (role markers, separators).
 PER_MESSAGE_OVERHEAD = 4
+SLICE_CHARS = 16_384
+OFFLOAD_CHARS = 32_768
 
 
 def default_tokenizer_path() -> Path:
     return Path(str(resources.files("extproc") / "data" / "minilm-tokenizer.json"))
 
 
+def slices(text: str, size: int = SLICE_CHARS) -> Iterator[str]:
+    """`text` in pieces of about `size` characters, each cut just after a whitespace."""
+    start = 0
+    while len(text) - start > size:
+        cut = start + size
+        space = max(text.rfind(" ", start + size // 2, cut), text.rfind("\n", start + size // 2, cut))
+        cut = space + 1 if space >= 0 else cut
+        yield text[start:cut]
+        start = cut
+    if start < len(text):
+        yield text[start:]
+
+
 class TokenCounter:
-    def __init__(self, path: Path | None = None) -> None:
+    def __init__(
+        self, path: Path | None = None, *, slice_chars: int = SLICE_CHARS, offload_chars: int = OFFLOAD_CHARS
+    ) -> None:
         self.path = path or default_tokenizer_path()
         self._tok = Tokenizer.from_file(str(self.path))
         self._tok.no_truncation()
         self._tok.no_padding()
+        self.slice_chars = slice_chars
+        self.offload_chars = offload_chars
 
-    def count(self, texts: list[str]) -> int:
-        """Tokens in `texts` plus the per-message template overhead."""
+    def count(self, texts: list[str], limit: int | None = None) -> int:
+        """Tokens in `texts` plus the per-message template overhead.
+
+        With a `limit`, counting stops as soon as the total passes it; the result is then an
+        estimate of the whole (> limit), extrapolated from the part counted.
+        """
         texts = [t for t in texts if t]
         if not texts:
             return 0
-        encodings = self._tok.encode_batch(texts, add_special_tokens=False)
-        return sum(len(e.ids) for e in encodings) + PER_MESSAGE_OVERHEAD * len(texts)
+        total = PER_MESSAGE_OVERHEAD * len(texts)
+        small = [t for t in texts if len(t) <= self.slice_chars]
+        if small:
+            total += sum(len(e.ids) for e in self._tok.encode_batch(small, add_special_tokens=False))
+        seen = sum(len(t) for t in small)
+        remaining = sum(len(t) for t in texts) - seen
+        for text in (t for t in texts if len(t) > self.slice_chars):
+            for piece in slices(text, self.slice_chars):
+                if limit is not None and total > limit:
+                    return total + round(remaining * total / max(seen, 1))
+                # encode_batch, even of one, runs without the GIL: the event loop keeps going
+                total += len(self._tok.encode_batch([piece], add_special_tokens=False)[0].ids)
+                seen += len(piece)
+                remaining -= len(piece)
+        return total
+
+    async def measure(self, texts: list[str], limit: int | None = None) -> int:
+        """`count`, in a worker thread when the prompt is big enough to hold the event loop."""
+        if sum(len(t) for t in texts) <= self.offload_chars:
+            return self.count(texts, limit)
+        return await asyncio.to_thread(self.count, texts, limit)

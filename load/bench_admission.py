@@ -3,6 +3,10 @@ twice what a simulated pool can run, with the gate's priority queue and without 
 
 Run: ``python -m load.bench_admission [--seconds 20] [--factor 2.0]``; writes
 ``load/results/admission.md``. The end-to-end test runs a short version of the same load.
+
+Also measured in the same run: VIP p99 at overload against its unloaded p99 (the ratio to
+quote), the same load with the vip reserve off (what the reserve costs the other tiers), and
+a burst of 80 vip + 20 standard requests on a pool slowed by 3 s (how long a shed takes).
 """
 
 from __future__ import annotations
@@ -195,7 +199,45 @@ def table(title: str, stats: dict[str, dict[str, float]]) -> list[str]:
     return [*lines, ""]
 
 
-async def bench(seconds: float, factor: float) -> str:
+def throughput(results: list[Result], seconds: float) -> dict[str, float]:
+    return {cls: sum(r.cls == cls and r.status == 200 for r in results) / seconds for cls in KEYS}
+
+
+async def burst_sheds(stack: Stack, vip: int = 80, standard: int = 20, slow_ms: float = 3000) -> list[str]:
+    """A pool slowed by `slow_ms`, then `vip` + `standard` concurrent requests: when do the sheds come?"""
+    admin = stack.sim_url("primary") + "/admin/faults"
+    async with httpx.AsyncClient(timeout=5) as client:
+        await client.post(admin, json={"extra_latency_ms": slow_ms})
+    try:
+        rng = random.Random(3)
+        async with httpx.AsyncClient(base_url=stack.url, timeout=60) as client:
+            # The slowdown shows in the service times of a first wave, as it would in production.
+            await asyncio.gather(*(one(client, "standard", request_body(rng, i)) for i in range(4)))
+            started = time.perf_counter()
+            tasks = [one(client, "vip", request_body(rng, i)) for i in range(vip)]
+            tasks += [one(client, "standard", request_body(rng, vip + i)) for i in range(standard)]
+            results = await asyncio.gather(*tasks)
+            total = time.perf_counter() - started
+    finally:
+        async with httpx.AsyncClient(timeout=5) as client:
+            await client.post(admin, json={"extra_latency_ms": 0})
+    sheds = [r.latency for r in results if r.status == 503]
+    ok = [r.latency for r in results if r.status == 200]
+    late = sum(t > 1.0 for t in sheds)
+    return [
+        f"### Burst on a slowed pool ({vip} vip + {standard} standard at once, "
+        f"primary {slow_ms / 1000:g} s slower)",
+        "",
+        f"{len(ok)} answered (p50 {quantile(ok, 0.5):.2f} s), {len(sheds)} shed: time to the 503 "
+        f"p50 {quantile(sheds, 0.5):.3f} s, p99 {quantile(sheds, 0.99):.3f} s, "
+        f"max {max(sheds, default=0):.3f} s; "
+        f"{late} sheds took over 1 s; other statuses {sum(r.status not in (200, 503) for r in results)}; "
+        f"the burst took {total:.1f} s.",
+        "",
+    ]
+
+
+async def bench(seconds: float, factor: float, reserve_off: bool = True, burst: bool = True) -> str:
     capacity_rps = 4 / 0.25
     rate = capacity_rps * factor
     out = [
@@ -208,7 +250,8 @@ async def bench(seconds: float, factor: float) -> str:
         f"Command: `python -m load.bench_admission --seconds {seconds:g} --factor {factor:g}`",
         "",
     ]
-    with stack_for(free_port(), deadline_ms={"vip": 10000, "premium": 8000, "standard": 5000}) as stack:
+    deadlines = {"vip": 10000, "premium": 8000, "standard": 5000}
+    with stack_for(free_port(), deadline_ms=deadlines) as stack:
         unloaded = await sequential(stack.url, "vip", 30)
         base = [r.latency for r in unloaded if r.status == 200]
         out += [
@@ -219,7 +262,13 @@ async def bench(seconds: float, factor: float) -> str:
         await asyncio.sleep(2)
         queued, idle = await sample_idle(stack, seconds - 3)
         results = await load
-        out += table("With the gate's admission queue", by_class(results))
+        stats = by_class(results)
+        out += table("With the gate's admission queue (vip reserve on, the default)", stats)
+        out += [
+            f"VIP p99 at {factor:g}x overload vs unloaded: {stats['vip']['p99'] / quantile(base, 0.99):.2f}x "
+            f"(p50 {stats['vip']['p50'] / quantile(base, 0.5):.2f}x).",
+            "",
+        ]
         eta = [r.body["error"]["eta_ms"] for r in results if r.status == 503]
         shed_s = [r.latency for r in results if r.status == 503]
         out += [
@@ -227,6 +276,21 @@ async def bench(seconds: float, factor: float) -> str:
             f"answered in p50 {quantile(shed_s, 0.5):.3f} s / p99 {quantile(shed_s, 0.99):.3f} s. "
             f"The pool was sampled {queued} times while work was queued at the gate; it ran below its "
             f"4 slots in {idle} of them (the samples race the release round trip).",
+            "",
+        ]
+        if burst:
+            out += await burst_sheds(stack)
+    if reserve_off:
+        with stack_for(free_port(), deadline_ms=deadlines, reserve_factor=0) as stack:
+            await sequential(stack.url, "vip", 5)
+            off = await mixed_load(stack.url, rate, seconds)
+        stats_off = by_class(off)
+        out += table("Same load, vip reserve off (reserve_factor: 0)", stats_off)
+        on_rate, off_rate = throughput(results, seconds), throughput(off, seconds)
+        out += [
+            "Answered per second, reserve on / off: "
+            + ", ".join(f"{c} {on_rate[c]:.1f} / {off_rate[c]:.1f}" for c in KEYS)
+            + f"; VIP p99 {stats['vip']['p99']:.3f} s / {stats_off['vip']['p99']:.3f} s.",
             "",
         ]
     with stack_for(free_port(), enabled=False) as stack:
@@ -239,8 +303,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m load.bench_admission", description=__doc__)
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--factor", type=float, default=2.0)
+    parser.add_argument("--no-reserve-off", action="store_true", help="skip the run with the vip reserve off")
+    parser.add_argument("--no-burst", action="store_true", help="skip the burst on a slowed pool")
     args = parser.parse_args(argv)
-    text = asyncio.run(bench(args.seconds, args.factor))
+    text = asyncio.run(bench(args.seconds, args.factor, not args.no_reserve_off, not args.no_burst))
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "admission.md").write_text(text + "\n")
     print(text)

@@ -2,9 +2,12 @@
 
 The upstream is a second Envoy listener with a fixed JSON answer, so the figures show what
 the ext_proc hop and the gate's stages cost, not a model server's speed. Needs `wrk`
-(apt-get install wrk). Writes load/results/bench_gate.md.
+(apt-get install wrk). Writes load/results/bench_gate.md. Every figure worth quoting is a
+ratio within one run: against the no-op ext_proc, against the raw embedder's batched
+throughput (measured in the same run, same threads), against the same load without big
+prompts, and at one connection the milliseconds the gate adds to the no-op hop.
 
-    python -m load.bench_gate [--duration 10] [--connections 16]
+    python -m load.bench_gate [--duration 10] [--connections 16] [--only semantic]
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from typing import Any
 import yaml
 
 from extproc import envoy_config
+from extproc.embed.batching import default_threads, default_workers
 
 from .stack import LOOPBACK, envoy_command, free_port, free_ports, wait_http, wait_port
 
@@ -43,12 +47,30 @@ request = function()
   return wrk.format("POST", nil, {["Content-Type"] = "application/json"}, body)
 end
 """
+UNIQUE = "'question ' .. counter .. ' of ' .. math.random(1e9)"
+FIXED = "'What is 2+2?'"
+# A prompt of about 512 KB, new every time (a cache miss), next to the small requests.
+BIG_PROMPT = "string.format('%09d ', math.random(1e9)) .. string.rep('lorem ipsum dolor sit amet ', 19400)"
+BIG_PROMPT_TOKENS = 200_000
 ONLY_VALIDATE_AND_ROUTE = {
     "ratelimit": {"enabled": False},
     "breaker": {"enabled": False},
     "cache": {"enabled": False},
     "admission": {"enabled": False},
 }
+SEMANTIC_OFF = {"cache": {"semantic": {"enabled": False}}}
+# Every stage on, semantic off, and a pool that takes 200k-token prompts (so big ones are served).
+BIG_OK = {
+    "cache": {"semantic": {"enabled": False}},
+    "validation": {"max_prompt_tokens": BIG_PROMPT_TOKENS},
+}
+EMBEDDERS = ("minilm", "e5-small")
+
+
+def semantic(embedder: str) -> dict[str, Any]:
+    """Semantic layer on at an operating point (precision 0.8) that switches English on for both
+    embedders: at the shipped 0.95 they compare nothing in English, and nothing would be embedded."""
+    return {"cache": {"semantic": {"enabled": True, "embedder": embedder, "target_precision": 0.8}}}
 
 
 @dataclass
@@ -58,15 +80,44 @@ class Variant:
     workers: int = 1
     config: dict[str, Any] = field(default_factory=dict)
     unique: bool = True  # a new question per request
+    connections: int | None = None  # None: --connections
+    big: bool = False  # a second wrk sends ~512 KB prompts on 2 connections meanwhile
+    embedder: str | None = None  # compare with this embedder's raw batched throughput
+    group: str = "overhead"
 
 
+NOOP = "no-op ext_proc (Python grpc.aio)"
 VARIANTS = [
     Variant("Envoy alone", ext_proc="none"),
-    Variant("no-op ext_proc (Python grpc.aio)", ext_proc="noop"),
+    Variant(NOOP, ext_proc="noop"),
     Variant("gate: identity, validation, routing", config=ONLY_VALIDATE_AND_ROUTE),
-    Variant("gate: every stage, cache misses", config={}),
+    Variant("gate: every stage, cache misses, semantic off", config=SEMANTIC_OFF),
     Variant("gate: every stage, cache hits", config={}, unique=False),
     Variant("gate: validation + routing, 2 workers", workers=2, config=ONLY_VALIDATE_AND_ROUTE),
+    *(
+        Variant(f"gate: every stage, misses, semantic {e}", config=semantic(e), embedder=e, group="semantic")
+        for e in EMBEDDERS
+    ),
+    Variant(
+        "gate: every stage, misses, semantic minilm, 2 workers",
+        workers=2,
+        config=semantic("minilm"),
+        embedder="minilm",
+        group="semantic",
+    ),
+    Variant("small requests alone", config=BIG_OK, group="big"),
+    Variant("small requests, 512 KB prompts in the mix", config=BIG_OK, big=True, group="big"),
+    Variant(
+        "small requests, 512 KB prompts over the limit (422)", config=SEMANTIC_OFF, big=True, group="big"
+    ),
+    Variant(f"c1: {NOOP}", ext_proc="noop", connections=1, group="c1"),
+    Variant(
+        "c1: gate, identity, validation, routing", config=ONLY_VALIDATE_AND_ROUTE, connections=1, group="c1"
+    ),
+    Variant(
+        "c1: gate, every stage, cache misses, semantic off", config=SEMANTIC_OFF, connections=1, group="c1"
+    ),
+    Variant("c1: gate, every stage, cache hits", config={}, unique=False, connections=1, group="c1"),
 ]
 
 
@@ -107,8 +158,10 @@ def group_cpu_seconds(pgid: int) -> float:
 
 
 def parse_wrk(out: str) -> dict[str, float]:
+    """wrk --latency's summary; every pattern anchored to its own line (a stdev column may end in 50%)."""
+
     def find(pattern: str) -> str:
-        match = re.search(pattern, out)
+        match = re.search(pattern, out, re.MULTILINE)
         if match is None:
             raise ValueError(f"wrk output without {pattern!r}:\n{out}")
         return match.group(1)
@@ -117,12 +170,12 @@ def parse_wrk(out: str) -> dict[str, float]:
         value, unit = re.fullmatch(r"([\d.]+)(us|ms|s)", text).groups()  # type: ignore[union-attr]
         return float(value) * {"us": 0.001, "ms": 1.0, "s": 1000.0}[unit]
 
-    non2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+    non2xx = re.search(r"^\s*Non-2xx or 3xx responses: (\d+)\s*$", out, re.MULTILINE)
     return {
-        "rps": float(find(r"Requests/sec:\s+([\d.]+)")),
-        "p50": ms(find(r"50%\s+(\S+)")),
-        "p99": ms(find(r"99%\s+(\S+)")),
-        "requests": int(find(r"(\d+) requests in")),
+        "rps": float(find(r"^Requests/sec:\s+([\d.]+)\s*$")),
+        "p50": ms(find(r"^\s+50%\s+([\d.]+(?:us|ms|s))\s*$")),
+        "p99": ms(find(r"^\s+99%\s+([\d.]+(?:us|ms|s))\s*$")),
+        "requests": int(find(r"^\s+(\d+) requests in ")),
         "errors": int(non2xx.group(1)) if non2xx else 0,
     }
 
@@ -131,10 +184,25 @@ def spawn(args: list[str], log: Path) -> subprocess.Popen[bytes]:
     return subprocess.Popen(args, start_new_session=True, stdout=subprocess.DEVNULL, stderr=open(log, "ab"))
 
 
-def start_ext_proc(variant: Variant, work: Path) -> tuple[subprocess.Popen[bytes] | None, list[int]]:
+def embedding_counts(metrics_ports: list[int]) -> dict[str, float]:
+    """Texts embedded and embeddings shed, summed over the gate's workers."""
+    from .bench_admission import scrape
+
+    counts = {"embedded": 0.0, "shed": 0.0}
+    for port in metrics_ports:
+        counts["embedded"] += scrape(port, "gate_embed_batch_size_sum")
+        counts["shed"] += scrape(port, "gate_embed_shed_total")
+    return counts
+
+
+def start_ext_proc(
+    variant: Variant, work: Path
+) -> tuple[subprocess.Popen[bytes] | None, list[int], list[int]]:
+    """The ext_proc process, its gRPC ports, and (for the gate) its workers' metrics ports."""
     if variant.ext_proc == "none":
-        return None, []
+        return None, [], []
     first = free_ports(variant.workers)
+    metrics_first = free_ports(variant.workers) if variant.ext_proc == "gate" else 0
     if variant.ext_proc == "noop":
         args = [sys.executable, "-m", "load.noop_extproc", "--port", str(first)]
     else:
@@ -152,19 +220,19 @@ def start_ext_proc(variant: Variant, work: Path) -> tuple[subprocess.Popen[bytes
             "--workers",
             str(variant.workers),
             "--metrics-port",
-            "0",
+            str(metrics_first),
         ]
     proc = spawn(args, work / "ext_proc.log")
     ports = [first + i for i in range(variant.workers)]
     for port in ports:
         wait_port(port, 60, proc)
-    return proc, ports
+    return proc, ports, [metrics_first + i for i in range(variant.workers)] if metrics_first else []
 
 
 def run_variant(variant: Variant, work: Path, args: argparse.Namespace) -> dict[str, float]:
     procs: list[subprocess.Popen[bytes]] = []
     try:
-        proc, gate_ports = start_ext_proc(variant, work)
+        proc, gate_ports, metrics_ports = start_ext_proc(variant, work)
         procs += [proc] if proc else []
         listen, admin, upstream = free_port(), free_port(), free_port()
         doc = envoy_config.bootstrap(
@@ -182,19 +250,36 @@ def run_variant(variant: Variant, work: Path, args: argparse.Namespace) -> dict[
                 cluster["typed_extension_protocol_options"] = h2
         procs.append(spawn(envoy_command(doc, work / "envoy.yaml", "error"), work / "envoy.log"))
         wait_http(f"http://{LOOPBACK}:{admin}/ready", 30)
-        question = (
-            "'question ' .. counter .. ' of ' .. math.random(1e9)" if variant.unique else "'What is 2+2?'"
-        )
         script = work / "post.lua"
-        script.write_text(WRK_SCRIPT % question)
+        script.write_text(WRK_SCRIPT % (UNIQUE if variant.unique else FIXED))
         url = f"http://{LOOPBACK}:{listen}/v1/chat/completions"
-        wrk = ["wrk", "-t1", f"-c{args.connections}", "-s", str(script), "--latency"]
+        connections = variant.connections or args.connections
+        wrk = ["wrk", "-t1", f"-c{connections}", "-s", str(script), "--latency"]
         subprocess.run([*wrk, "-d2s", url], capture_output=True, check=True)  # warm-up
+        big: subprocess.Popen[str] | None = None
+        if variant.big:
+            big_script = work / "big.lua"
+            big_script.write_text(WRK_SCRIPT % BIG_PROMPT)
+            big_cmd = ["wrk", "-t1", "-c2", "-s", str(big_script), "--latency", f"-d{args.duration}s", url]
+            big = subprocess.Popen(big_cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         cpu_before = group_cpu_seconds(proc.pid) if proc else 0.0
+        before = embedding_counts(metrics_ports) if variant.embedder else {}
         out = subprocess.run([*wrk, f"-d{args.duration}s", url], capture_output=True, text=True, check=True)
         result = parse_wrk(out.stdout)
         cpu = (group_cpu_seconds(proc.pid) - cpu_before) if proc else 0.0
         result["cpu_ms_per_req"] = 1000 * cpu / max(result["requests"], 1)
+        if variant.embedder:
+            after = embedding_counts(metrics_ports)
+            result["embedded_per_s"] = (after["embedded"] - before["embedded"]) / args.duration
+            result["embed_shed"] = after["shed"] - before["shed"]
+        if big is not None:
+            big_out, _ = big.communicate(timeout=args.duration + 30)
+            b = parse_wrk(big_out)
+            result["big_requests"], result["big_p50"], result["big_errors"] = (
+                b["requests"],
+                b["p50"],
+                b["errors"],
+            )
         return result
     finally:
         for p in procs:
@@ -205,46 +290,147 @@ def run_variant(variant: Variant, work: Path, args: argparse.Namespace) -> dict[
                 pass
 
 
+def raw_embedder_rate(name: str, seconds: float, processes: int = 1) -> float:
+    """Texts per second of the bare embedder, batches of 32 on as many threads as the gate uses."""
+    import threading
+
+    from extproc.embed import load_embedder
+
+    workers = default_workers()
+    emb = load_embedder(name, threads=default_threads(processes=processes, workers=workers))
+    emb.embed_sync(["warm up", "a somewhat longer sentence to warm up the model"])
+    done = [0] * workers
+    end = time.perf_counter() + seconds
+
+    def work(slot: int) -> None:
+        n = 0
+        while time.perf_counter() < end:
+            emb.embed_sync([f"question {slot}-{n}-{i} of {i * 7919}" for i in range(32)])
+            n += 1
+            done[slot] += 32
+
+    started = time.perf_counter()
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(workers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return sum(done) / (time.perf_counter() - started)
+
+
+def report(
+    rows: list[tuple[Variant, dict[str, float]]], raw: dict[str, float], args: argparse.Namespace
+) -> str:
+    by_name = {v.name: r for v, r in rows}
+    noop = by_name.get(NOOP)
+    lines = [
+        f"# Gate overhead ({time.strftime('%Y-%m-%d')}, {os.cpu_count()} cores shared by wrk, Envoy, gate)",
+        "",
+        f"`python -m load.bench_gate --duration {args.duration} --connections {args.connections}`: wrk, one "
+        "thread, POST /v1/chat/completions with a small chat body; the upstream is a fixed Envoy "
+        "direct_response; Envoy with 2 worker threads. Ratios are within this one run.",
+        "",
+        "| variant | conns | req/s | vs no-op ext_proc | p50 ms | p99 ms | ext_proc CPU ms/req | non-2xx |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for v, r in rows:
+        if v.group == "c1":
+            continue
+        vs = f"{r['rps'] / noop['rps']:.2f}" if noop else "-"
+        lines.append(
+            f"| {v.name} | {v.connections or args.connections} | {r['rps']:.0f} | {vs} | {r['p50']:.2f} | "
+            f"{r['p99']:.2f} | {r['cpu_ms_per_req']:.3f} | {r['errors']:.0f} |"
+        )
+    if raw:
+        lines += [
+            "",
+            "Semantic-on misses against the raw embedder's batched throughput (same threads, same run):",
+            "",
+        ]
+        lines += [
+            "| variant | gate req/s | texts embedded/s | embeddings shed | raw embedder texts/s "
+            "| embedded/raw |",
+            "|---|---:|---:|---:|---:|---:|",
+        ]
+        for v, r in rows:
+            if v.embedder in raw:
+                rate, done = raw[v.embedder], r.get("embedded_per_s", 0.0)
+                lines.append(
+                    f"| {v.name} | {r['rps']:.0f} | {done:.0f} | {r.get('embed_shed', 0):.0f} | {rate:.0f} | "
+                    f"{done / rate:.2f} |"
+                )
+        one = by_name.get("gate: every stage, misses, semantic minilm")
+        two = by_name.get("gate: every stage, misses, semantic minilm, 2 workers")
+        if one and two and one.get("embedded_per_s"):
+            lines += [
+                "",
+                "2 gate workers vs 1 on the semantic (minilm) miss path: "
+                f"{two['rps'] / one['rps']:.2f}x req/s, "
+                f"{two.get('embedded_per_s', 0) / one['embedded_per_s']:.2f}x texts embedded",
+            ]
+    alone = by_name.get("small requests alone")
+    for v, mixed in rows:
+        if not v.big or alone is None:
+            continue
+        lines += [
+            "",
+            f"{v.name}: small-request p99 {mixed['p99']:.2f} ms with ~512 KB prompts on 2 more connections "
+            f"({mixed.get('big_requests', 0):.0f} of them, p50 {mixed.get('big_p50', 0):.0f} ms, "
+            f"non-2xx {mixed.get('big_errors', 0):.0f}) vs {alone['p99']:.2f} ms without: "
+            f"{mixed['p99'] / alone['p99']:.2f}x (p50 {mixed['p50'] / alone['p50']:.2f}x, "
+            f"req/s {mixed['rps'] / alone['rps']:.2f}x).",
+        ]
+    c1 = [(v, r) for v, r in rows if v.group == "c1"]
+    if c1:
+        base = by_name.get(f"c1: {NOOP}")
+        lines += ["", "At one connection: the latency the gate adds to the no-op ext_proc hop.", ""]
+        lines += ["| variant | p50 ms | p99 ms | added p50 ms |", "|---|---:|---:|---:|"]
+        for v, r in c1:
+            added = f"{r['p50'] - base['p50']:+.2f}" if base else "-"
+            lines.append(f"| {v.name} | {r['p50']:.2f} | {r['p99']:.2f} | {added} |")
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--duration", type=int, default=10)
     parser.add_argument("--connections", type=int, default=16)
+    parser.add_argument(
+        "--only",
+        action="append",
+        default=[],
+        help="run only variants whose name or group contains this (repeatable); the no-op always runs",
+    )
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     if shutil.which("wrk") is None:
         print("wrk is needed: apt-get install wrk", file=sys.stderr)
         return 2
-    rows = []
-    for variant in VARIANTS:
+    chosen = [
+        v
+        for v in VARIANTS
+        if not args.only or v.name == NOOP or any(o in v.name or o == v.group for o in args.only)
+    ]
+    raw: dict[str, float] = {}
+    for name in sorted({v.embedder for v in chosen if v.embedder}):
+        raw[name] = raw_embedder_rate(name, min(args.duration, 5))
+        print(f"raw embedder {name}: {raw[name]:.0f} texts/s", flush=True)
+    rows: list[tuple[Variant, dict[str, float]]] = []
+    for variant in chosen:
         with tempfile.TemporaryDirectory(prefix="llm-gate-bench-") as tmp:
             r = run_variant(variant, Path(tmp), args)
-        rows.append((variant.name, r))
+        rows.append((variant, r))
         print(
-            f"{variant.name:40s} {r['rps']:7.0f} req/s  p50 {r['p50']:6.2f} ms  p99 {r['p99']:6.2f} ms  "
+            f"{variant.name:55s} {r['rps']:7.0f} req/s  p50 {r['p50']:6.2f} ms  p99 {r['p99']:6.2f} ms  "
             f"ext_proc CPU {r['cpu_ms_per_req']:.3f} ms/req  non-2xx {r['errors']:.0f}",
             flush=True,
         )
-    base = rows[0][1]["rps"]
-    lines = [
-        f"# Gate overhead ({time.strftime('%Y-%m-%d')}, {os.cpu_count()} cores shared by wrk, Envoy, gate)",
-        "",
-        f"`python -m load.bench_gate --duration {args.duration} --connections {args.connections}`: wrk, one "
-        "thread, POST /v1/chat/completions with a small chat body; the upstream is a fixed Envoy "
-        "direct_response; Envoy with 2 worker threads.",
-        "",
-        "| variant | req/s | vs Envoy alone | p50 ms | p99 ms | ext_proc CPU ms/req | non-2xx |",
-        "|---|---:|---:|---:|---:|---:|---:|",
-    ]
-    for name, r in rows:
-        lines.append(
-            f"| {name} | {r['rps']:.0f} | {r['rps'] / base:.2f} | {r['p50']:.2f} | {r['p99']:.2f} | "
-            f"{r['cpu_ms_per_req']:.3f} | {r['errors']:.0f} |"
-        )
+    text = report(rows, raw, args)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text("\n".join(lines) + "\n")
-    print(f"\nwritten to {args.out}")
+    args.out.write_text(text)
+    print("\n" + text + f"\nwritten to {args.out}")
     return 0
 
 

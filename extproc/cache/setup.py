@@ -50,7 +50,7 @@ def ensure_model(name: str, model_dir: Path, build_missing: bool) -> None:
                 raise ModelError(f"building the '{name}' model into {model_dir} failed; see the log above")
 
 
-def load_matcher(cfg: SemanticConfig, metrics: Metrics) -> Matcher | None:
+def load_matcher(cfg: SemanticConfig, metrics: Metrics, processes: int = 1) -> Matcher | None:
     from ..dedup.decide import load_policy
 
     try:
@@ -64,11 +64,14 @@ def load_matcher(cfg: SemanticConfig, metrics: Metrics) -> Matcher | None:
         log.info("semantic cache off: %s reaches the precision target in no language", cfg.embedder)
         return None
     from ..embed import BatchingEmbedder, BatchReport, default_model_dir, load_embedder
+    from ..embed.batching import default_threads, default_workers
 
     model_dir = cfg.model_dir or default_model_dir()
     ensure_model(cfg.embedder, model_dir, cfg.build_missing)
     try:
-        inner = load_embedder(cfg.embedder, model_dir)
+        workers = cfg.embed_workers or default_workers()
+        threads = cfg.embed_threads or default_threads(processes=processes, workers=workers)
+        inner = load_embedder(cfg.embedder, model_dir, threads=threads)
         inner.embed_sync(list(WARMUP))
     except Exception as exc:
         raise ModelError(f"cannot load the '{cfg.embedder}' embedder from {model_dir}: {exc}") from exc
@@ -78,7 +81,11 @@ def load_matcher(cfg: SemanticConfig, metrics: Metrics) -> Matcher | None:
         for wait in report.queue_waits:
             metrics.embed_queue_seconds.observe(wait)
 
-    embedder = BatchingEmbedder(inner, window_s=cfg.batch_window_ms / 1000, on_batch=observe)
+    embedder = BatchingEmbedder(
+        inner, window_s=cfg.batch_window_ms / 1000, workers=workers, max_queue=cfg.embed_max_queue,
+        timeout_s=cfg.embed_timeout_ms / 1000, on_batch=observe,
+        on_shed=lambda reason: metrics.embed_shed.labels(reason).inc(),
+    )
     return Matcher.create(
         embedder, policy, rows=cfg.lsh_rows, bands=cfg.lsh_bands, recall=cfg.lsh_recall, seed=cfg.lsh_seed,
         max_candidates=cfg.max_candidates,
@@ -107,13 +114,13 @@ class Matchers:
                 await close()
 
 
-def load_matchers(cfg: SemanticConfig, metrics: Metrics) -> Matchers:
+def load_matchers(cfg: SemanticConfig, metrics: Metrics, processes: int = 1) -> Matchers:
     loaded: dict[tuple[object, ...], Matcher | None] = {}
 
     def matcher_for(section: SemanticConfig) -> Matcher | None:
         key = (section.enabled, section.embedder, section.policy_file, section.target_precision)
         if key not in loaded:
-            loaded[key] = load_matcher(section, metrics) if section.enabled else None
+            loaded[key] = load_matcher(section, metrics, processes) if section.enabled else None
         return loaded[key]
 
     profiles = [(p, matcher_for(cfg.for_profile(p))) for p in cfg.profiles]

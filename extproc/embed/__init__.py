@@ -1,6 +1,6 @@
 """Sentence embeddings for the semantic dedup layer (ONNX Runtime, no PyTorch at run time)."""
 
-from .batching import BatchingEmbedder, BatchReport, BatchStats
+from .batching import BatchingEmbedder, BatchReport, BatchStats, EmbedShedError
 from .encoder import Embedder, OnnxEmbedder, ReadPolicy
 from .loader import load_embedder
 from .paths import default_model_dir
@@ -9,6 +9,7 @@ __all__ = [
     "BatchReport",
     "BatchStats",
     "BatchingEmbedder",
+    "EmbedShedError",
     "Embedder",
     "OnnxEmbedder",
     "ReadPolicy",

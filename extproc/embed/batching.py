@@ -1,22 +1,62 @@
-"""Micro-batching across concurrent streams, inference in a worker thread.
+"""Micro-batching across concurrent streams, inference in worker threads that never wait for the loop.
 
-Each ``embed(text)`` call queues its text and awaits a future. One collector task per event
-loop takes what is queued: everything that arrived while the previous batch ran, plus whatever
-arrives within ``window_s`` when it found a single text. The batch runs in a worker thread
-(ONNX Runtime releases the GIL), so the event loop keeps serving other streams meanwhile.
+Each ``embed(text)`` call queues its text and awaits a future. ``workers`` threads each take
+what is queued (up to ``max_batch``; when a thread finds a single text it waits ``window_s``
+for company), run the model (ONNX Runtime releases the GIL), hand the whole batch back to the
+event loop in one callback, and take the next batch at once: a thread does not wait for the
+loop to dispatch the previous results, and with two or more workers the next batch forms
+and runs while the previous one is still running.
+
+Shedding. The queue is bounded: a text that finds ``max_queue`` texts waiting, or whose wait
+(texts ahead at the measured throughput) would already pass ``timeout_s``, raises
+``EmbedShedError`` at once, so the caller takes the exact path now instead of after the time-out.
+A text still unanswered at ``timeout_s`` is dropped from the queue and raises ``EmbedShedError``
+too. Every shed is counted (``stats.shed`` by reason, and ``on_shed`` for metrics).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
+import threading
 import time
+from collections import deque
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from .encoder import Embedder
+
+SHED_REASONS = ("queue_full", "late", "timeout")
+
+
+class EmbedShedError(Exception):
+    """An embedding not computed because it could not arrive in time; take the exact path."""
+
+    def __init__(self, reason: str, wait_s: float = 0.0) -> None:
+        super().__init__(f"embedding shed ({reason}, estimated wait {wait_s * 1000:.0f} ms)")
+        self.reason = reason
+        self.wait_s = wait_s
+
+
+def available_cores() -> int:
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not on Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def default_workers(cores: int | None = None) -> int:
+    """Batches in flight: two once there are two cores (one forms while the other runs)."""
+    return 1 if (cores or available_cores()) < 2 else 2
+
+
+def default_threads(cores: int | None = None, processes: int = 1, workers: int | None = None) -> int:
+    """Intra-op threads per inference: the cores shared out among gate processes and workers."""
+    cores = cores or available_cores()
+    return max(1, cores // max(1, processes * (workers or default_workers(cores))))
 
 
 @dataclass(frozen=True)
@@ -37,6 +77,7 @@ class BatchStats:
     queue_wait_s_total: float = 0.0
     last: BatchReport | None = None
     sizes: dict[int, int] = field(default_factory=dict)  # batch size -> count
+    shed: dict[str, int] = field(default_factory=lambda: dict.fromkeys(SHED_REASONS, 0))
 
     def add(self, report: BatchReport) -> None:
         self.batches += 1
@@ -49,11 +90,20 @@ class BatchStats:
         self.last = report
 
 
-@dataclass
+@dataclass(eq=False)
 class _Item:
     text: str
     future: asyncio.Future[np.ndarray]
+    loop: asyncio.AbstractEventLoop
     queued: float
+    abandoned: bool = False  # set on the loop when the caller left; the workers skip it
+
+
+def estimated_wait(ahead: int, running: int, workers: int, per_text_s: float | None) -> float:
+    """Seconds before a new text's batch finishes: what is ahead of it, shared among the workers."""
+    if per_text_s is None:
+        return 0.0
+    return (ahead + running + 1) * per_text_s / max(1, workers)
 
 
 class BatchingEmbedder:
@@ -63,8 +113,11 @@ class BatchingEmbedder:
         *,
         max_batch: int = 32,
         window_s: float = 0.001,
-        workers: int = 1,
+        workers: int | None = None,
+        max_queue: int = 256,
+        timeout_s: float | None = None,
         on_batch: Callable[[BatchReport], None] | None = None,
+        on_shed: Callable[[str], None] | None = None,
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         self.inner = inner
@@ -72,91 +125,168 @@ class BatchingEmbedder:
         self.dim = inner.dim
         self.max_batch = max_batch
         self.window_s = window_s
+        self.workers = workers or default_workers()
+        self.max_queue = max_queue
+        self.timeout_s = timeout_s
         self.stats = BatchStats()
         self._on_batch = on_batch
+        self._on_shed = on_shed
         self._clock = clock
-        self._workers = workers
-        self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"embed-{inner.name}")
-        self._queue: asyncio.Queue[_Item] | None = None
-        self._collector: asyncio.Task[None] | None = None
-        self._running: set[asyncio.Future[None]] = set()
-        self._slots: asyncio.Semaphore | None = None
+        self._pending: deque[_Item] = deque()
+        self._cond = threading.Condition()
+        self._threads: list[threading.Thread] = []
+        self._running = 0  # texts in batches being computed
+        self._per_text_s: float | None = None  # EWMA of one worker's inference time per text
+        self._closed = False
 
     def can_read(self, text: str) -> bool:
         return self.inner.can_read(text)
 
+    @property
+    def queued(self) -> int:
+        return len(self._pending)
+
     async def embed(self, text: str) -> np.ndarray:
-        queue = self._ensure_started()
-        future: asyncio.Future[np.ndarray] = asyncio.get_running_loop().create_future()
-        queue.put_nowait(_Item(text, future, self._clock()))
-        return await future
+        loop = asyncio.get_running_loop()
+        item = _Item(text, loop.create_future(), loop, self._clock())
+        with self._cond:
+            ahead = len(self._pending)
+            wait = estimated_wait(ahead, self._running, self.workers, self._per_text_s)
+            if ahead >= self.max_queue:
+                raise self._shed("queue_full", wait)
+            if self.timeout_s is not None and wait > self.timeout_s:
+                raise self._shed("late", wait)
+            self._pending.append(item)
+            self._cond.notify()
+        self._ensure_started()
+        try:
+            if self.timeout_s is None:
+                return await item.future
+            async with asyncio.timeout(self.timeout_s):
+                return await asyncio.shield(item.future)
+        except TimeoutError:
+            raise self._shed("timeout", self.timeout_s or 0.0) from None
+        except asyncio.CancelledError:
+            if self.timeout_s is not None and self._clock() - item.queued >= 0.9 * self.timeout_s:
+                self._shed("timeout", self.timeout_s)  # the caller's own time box of the same length
+            raise
+        finally:
+            if not item.future.done() or item.future.cancelled():
+                item.abandoned = True  # cancelled or timed out: not worth computing
+                item.future.cancel()
+
+    def _shed(self, reason: str, wait_s: float) -> EmbedShedError:
+        self.stats.shed[reason] = self.stats.shed.get(reason, 0) + 1
+        if self._on_shed is not None:
+            self._on_shed(reason)
+        return EmbedShedError(reason, wait_s)
 
     async def warmup(
         self, texts: tuple[str, ...] = ("warm up", "a somewhat longer sentence to warm up the model")
     ) -> None:
         """Run the model once per shape class before the health check says SERVING."""
-        loop = asyncio.get_running_loop()
-        await loop.run_in_executor(self._executor, self.inner.embed_sync, [texts[0]])
-        await loop.run_in_executor(self._executor, self.inner.embed_sync, list(texts))
+        await asyncio.to_thread(self.inner.embed_sync, [texts[0]])
+        await asyncio.to_thread(self.inner.embed_sync, list(texts))
 
     async def aclose(self) -> None:
-        if self._collector is not None:
-            self._collector.cancel()
-            await asyncio.gather(self._collector, return_exceptions=True)
-            self._collector = None
-        if self._running:
-            await asyncio.gather(*self._running, return_exceptions=True)
-        self._queue = None
-        self._executor.shutdown(wait=False)
-
-    def _ensure_started(self) -> asyncio.Queue[_Item]:
-        if self._collector is None or self._collector.done() or self._queue is None:
-            self._queue = asyncio.Queue()
-            self._slots = asyncio.Semaphore(self._workers)
-            self._collector = asyncio.get_running_loop().create_task(self._collect(self._queue))
-        return self._queue
-
-    async def _collect(self, queue: asyncio.Queue[_Item]) -> None:
-        assert self._slots is not None
-        while True:
-            await self._slots.acquire()  # a batch forms while the previous one runs
-            batch = [await queue.get()]
-            self._drain(queue, batch)
-            if len(batch) == 1 and self.window_s > 0:
-                await asyncio.sleep(self.window_s)
-                self._drain(queue, batch)
-            live = [item for item in batch if not item.future.done()]
-            if not live:
-                self._slots.release()
-                continue
-            task = asyncio.ensure_future(self._run(live))
-            self._running.add(task)
-            task.add_done_callback(self._running.discard)
-
-    def _drain(self, queue: asyncio.Queue[_Item], batch: list[_Item]) -> None:
-        while len(batch) < self.max_batch and not queue.empty():
-            batch.append(queue.get_nowait())
-
-    async def _run(self, batch: list[_Item]) -> None:
-        assert self._slots is not None
-        start = self._clock()
-        try:
-            loop = asyncio.get_running_loop()
-            vectors = await loop.run_in_executor(
-                self._executor, self.inner.embed_sync, [i.text for i in batch]
-            )
-        except Exception as exc:
-            self.stats.errors += 1
-            for item in batch:
-                if not item.future.done():
-                    item.future.set_exception(exc)
-            return
-        finally:
-            self._slots.release()
-        report = BatchReport(len(batch), self._clock() - start, tuple(start - i.queued for i in batch))
-        self.stats.add(report)
-        if self._on_batch is not None:
-            self._on_batch(report)
-        for item, vector in zip(batch, vectors, strict=True):
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        threads, self._threads = self._threads, []
+        for t in threads:
+            await asyncio.to_thread(t.join, 5.0)
+        for item in self._pending:
             if not item.future.done():
-                item.future.set_result(vector)
+                item.loop.call_soon_threadsafe(_cancel, item.future)
+        self._pending.clear()
+
+    # -- worker threads ------------------------------------------------------------------
+
+    def _ensure_started(self) -> None:
+        if len(self._threads) >= self.workers or self._closed:
+            return
+        with self._cond:
+            while len(self._threads) < self.workers:
+                t = threading.Thread(
+                    target=self._work, name=f"embed-{self.name}-{len(self._threads)}", daemon=True
+                )
+                self._threads.append(t)
+                t.start()
+
+    def _take(self) -> list[_Item] | None:
+        """The next batch (None when closing); waits for work, and `window_s` for company."""
+        with self._cond:
+            while not self._closed:
+                batch = self._drain([])
+                if len(batch) == 1 and self.window_s > 0 and self._running == 0:
+                    self._cond.wait(self.window_s)
+                    batch = self._drain(batch)
+                if batch:
+                    self._running += len(batch)
+                    return batch
+                self._cond.wait()
+            return None
+
+    def _drain(self, batch: list[_Item]) -> list[_Item]:
+        while len(batch) < self.max_batch and self._pending:
+            item = self._pending.popleft()
+            if not item.abandoned:
+                batch.append(item)
+        return batch
+
+    def _work(self) -> None:
+        while (batch := self._take()) is not None:
+            start = self._clock()
+            vectors: np.ndarray | None = None
+            error: BaseException | None = None
+            try:
+                vectors = self.inner.embed_sync([i.text for i in batch])
+            except Exception as exc:
+                error = exc
+            infer_s = self._clock() - start
+            with self._cond:
+                self._running -= len(batch)
+                if error is None:
+                    per_text = infer_s / len(batch)
+                    old = self._per_text_s
+                    self._per_text_s = per_text if old is None else old + 0.2 * (per_text - old)
+            report = BatchReport(len(batch), infer_s, tuple(start - i.queued for i in batch))
+            by_loop: dict[asyncio.AbstractEventLoop, list[int]] = {}
+            for n, item in enumerate(batch):
+                by_loop.setdefault(item.loop, []).append(n)
+            first = True
+            for loop, rows in by_loop.items():
+                mine = [batch[n] for n in rows]
+                part = None if vectors is None else vectors[rows]
+                with contextlib.suppress(RuntimeError):  # that loop is closed: nobody waits for these
+                    loop.call_soon_threadsafe(self._deliver, mine, part, error, report if first else None)
+                first = False
+
+    def _deliver(
+        self,
+        items: list[_Item],
+        vectors: np.ndarray | None,
+        error: BaseException | None,
+        report: BatchReport | None,
+    ) -> None:
+        """On the loop: one callback per batch hands every caller its row."""
+        if report is not None:
+            if error is None:
+                self.stats.add(report)
+                if self._on_batch is not None:
+                    self._on_batch(report)
+            else:
+                self.stats.errors += 1
+        for n, item in enumerate(items):
+            if item.future.done():
+                continue
+            if error is not None:
+                item.future.set_exception(error)
+            else:
+                assert vectors is not None
+                item.future.set_result(vectors[n])
+
+
+def _cancel(future: asyncio.Future[np.ndarray]) -> None:
+    if not future.done():
+        future.cancel()

@@ -20,8 +20,16 @@ holding it back would only add latency. Under memory pressure only requests that
 
 Overload. The queue is bounded by count and by estimated tokens; a newcomer that ranks
 above the worst waiting request evicts it, otherwise it is refused. A newcomer whose
-ETA (from the measured drain rate) exceeds its deadline is refused at once, and a
-request still waiting at its deadline is refused then.
+ETA (`estimate.py`: the queue ahead and the pool's recent service times, else the measured
+drain rate) exceeds its deadline is refused at once; a waiting request whose ETA grows past
+what is left of its deadline (the pool slowed down, higher classes arrived) is refused as
+soon as that shows (checked every `recheck_s`), not at its deadline.
+
+Reserve. While top-tier (vip) traffic flows, a few slots (`estimate.reserve_slots`) are
+open only to requests ranked in the top tier's bands (vip, or aged up to it), so a vip
+arrival finds a free slot instead of waiting for the next release. The best-ranked
+eligible request still goes first: when it may not take a reserved slot, nobody behind it
+may either.
 """
 
 from __future__ import annotations
@@ -29,8 +37,10 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
+
+from .estimate import reserve_slots, service_time, wait_estimate
 
 CLASSES: tuple[str, ...] = ("vip", "premium", "standard")
 HIGH_CLASSES = frozenset({"vip", "premium"})
@@ -52,6 +62,12 @@ class Policy:
     pressure_hold_s: float = 0.2
     drain_window_s: float = 10.0
     min_drain_samples: int = 4
+    # Slots kept for the top tier: its measured concurrency times reserve_factor (0: none),
+    # at most reserve_max_share of the pool.
+    reserve_factor: float = 1.5
+    reserve_max_share: float = 0.25
+    recheck_s: float = 0.05  # how often waiting requests' ETAs are checked against their deadlines
+    service_samples: int = 32  # recent slot hold times the service-time estimate averages
 
 
 @dataclass(frozen=True)
@@ -108,15 +124,30 @@ class _Waiting:
     demoted: bool = False
 
 
+@dataclass(frozen=True)
+class _View:
+    """What the estimates need, computed once per decision."""
+
+    service_s: float | None
+    reserved: int
+    arrivals_per_s: dict[str, float]
+    held_by_the_rest: int  # slots held by grants outside the top bands
+
+
 @dataclass
 class _Held:
     cls: str
     tokens: int
     lease_until: float
+    granted_at: float = 0.0
+    top: bool = False  # granted in the top tier's bands: counts against the reserve, not the rest
 
 
 def band_of(cls: str, urgent: bool) -> int:
     return 2 * CLASSES.index(cls) + (0 if urgent else 1)
+
+
+TOP_BANDS = band_of(CLASSES[0], False)  # bands that may take reserved slots
 
 
 class Queue:
@@ -133,6 +164,8 @@ class Queue:
         self._arrivals: dict[str, deque[float]] = {c: deque(maxlen=512) for c in CLASSES}
         self._first_arrival: float | None = None
         self._first_release: float | None = None
+        self._service: deque[float] = deque(maxlen=self.policy.service_samples)
+        self._next_recheck = -math.inf
 
     # -- ordering -------------------------------------------------------------------------
 
@@ -158,7 +191,8 @@ class Queue:
         self._arrivals[ticket.cls].append(now)
         if self._first_arrival is None:
             self._first_arrival = now
-        if len(self.held) + len(self.waiting) < self.limit and not self.pressure:
+        free = self.free(band_of(ticket.cls, ticket.urgent), self._view(now))
+        if len(self.waiting) < free and not self.pressure:
             close = now  # a free slot and nobody waiting for it: holding this request gains nothing
         else:
             close = self._window_close.get(ticket.cls, -math.inf)
@@ -187,8 +221,10 @@ class Queue:
 
     def release(self, id: str, now: float) -> bool:
         """Give a granted slot back; True only the first time for a held grant."""
-        if self.held.pop(id, None) is None:
+        held = self.held.pop(id, None)
+        if held is None:
             return False
+        self._service.append(max(0.0, now - held.granted_at))
         self._releases.append(now)
         if self._first_release is None:
             self._first_release = now
@@ -225,13 +261,23 @@ class Queue:
             if now >= w.deadline_at:
                 self.cancel(w.ticket.id, now)
                 events.append(Refused(w.ticket.id, "timed_out", self.eta(w, now), w.ticket.cls))
-        while len(self.held) < self.limit:
+        if self.waiting and self._service and now >= self._next_recheck:
+            self._next_recheck = now + self.policy.recheck_s
+            events += self._shed_the_late(now)
+        view = self._view(now) if self.waiting else None
+        while len(self.held) < self.limit and view is not None:
             ready = [w for w in self.waiting.values() if self._eligible(w, now)]
             if not ready:
                 break
             best = min(ready, key=lambda w: self._key(w, now))
+            band = self._key(best, now)[0]
+            if self.free(band, view) <= 0:
+                break  # only reserved slots are left, and the best-ranked may not take one
             self.cancel(best.ticket.id, now)
-            self.held[best.ticket.id] = _Held(best.cls, best.ticket.tokens, now + self.policy.lease_s)
+            lease, top = now + self.policy.lease_s, band <= TOP_BANDS
+            self.held[best.ticket.id] = _Held(best.cls, best.ticket.tokens, lease, now, top)
+            if not top:
+                view = replace(view, held_by_the_rest=view.held_by_the_rest + 1)
             waited = now - best.arrived
             events.append(Granted(best.ticket.id, best.cls, best.ticket.cls, waited, best.demoted))
         return events
@@ -243,6 +289,8 @@ class Queue:
             times.append(w.deadline_at)
             if w.cls in HIGH_CLASSES:
                 times.append(w.arrived + self.policy.max_wait_s)
+            if self._service:  # something measured: ETAs can pass deadlines before the deadlines do
+                times.append(self._next_recheck)
             if len(self.held) < self.limit:
                 hold = w.arrived + self.policy.pressure_hold_s if self.pressure else w.eligible_at
                 times.append(max(w.eligible_at, hold))
@@ -263,22 +311,66 @@ class Queue:
         span = min(window, now - self._first_release)
         return len(self._releases) / max(span, 0.5)
 
+    def service_s(self, now: float) -> float | None:
+        """Seconds a slot is held (recent releases, or longer when running requests show a slowdown)."""
+        return service_time(list(self._service), [now - h.granted_at for h in self.held.values()])
+
+    def _view(self, now: float) -> _View:
+        p = self.policy
+        rates = {c: self._arrival_rate((c,), now) for c in CLASSES}
+        service = self.service_s(now)
+        top = rates[CLASSES[0]]
+        reserved = reserve_slots(self.limit, top, service, p.reserve_factor, p.reserve_max_share)
+        return _View(service, reserved, rates, sum(1 for h in self.held.values() if not h.top))
+
+    def reserved(self, now: float) -> int:
+        """Slots only the top tier's bands may take now."""
+        return self._view(now).reserved
+
+    def free(self, band: int, view: _View) -> int:
+        """Slots a request of `band` (after aging) may take now: the rest may hold all but the reserve."""
+        free = self.limit - len(self.held)
+        if band > TOP_BANDS:
+            free = min(free, self.limit - view.reserved - view.held_by_the_rest)
+        return max(0, free)
+
     def eta(self, entry: _Waiting, now: float) -> float:
         """Seconds until `entry` would likely get a slot; 0 when it cannot be told yet."""
         key = self._key(entry, now)
         ahead = sum(1 for w in self.waiting.values() if w is not entry and self._key(w, now) < key)
+        return self._eta(entry, ahead, now, self._view(now))
+
+    def _eta(self, entry: _Waiting, ahead: int, now: float, view: _View) -> float:
         start = max(0.0, entry.eligible_at - now)
         if self.pressure:
             start = max(start, entry.arrived + self.policy.pressure_hold_s - now)
-        behind_slots = ahead + 1 - max(0, self.limit - len(self.held))
+        free = self.free(self._key(entry, now)[0], view)
+        behind_slots = ahead + 1 - free
         if behind_slots <= 0:
             return start
+        # Higher classes arriving meanwhile will go first: only what they leave drains this one.
+        higher = sum(view.arrivals_per_s[c] for c in CLASSES[: CLASSES.index(entry.cls)])
+        wait = wait_estimate(ahead, free, self.limit, view.service_s, higher)
+        if wait is not None:
+            return max(start, wait)
         rate = self.drain_per_s(now)
         if rate is None:
             return start
-        # Higher classes arriving meanwhile will go first: only what they leave drains this one.
-        left = max(0.1 * rate, rate - self._arrival_rate(CLASSES[: CLASSES.index(entry.cls)], now))
+        left = max(0.1 * rate, rate - higher)
         return max(start, behind_slots / left)
+
+    def _shed_the_late(self, now: float) -> list[Event]:
+        """Refuse the waiting requests whose ETA already passes what is left of their deadline."""
+        ranked = sorted(self.waiting.values(), key=lambda w: self._key(w, now))
+        view = self._view(now)
+        late = []
+        for ahead, w in enumerate(ranked):
+            eta = self._eta(w, ahead, now, view)
+            if eta > w.deadline_at - now:
+                late.append(Refused(w.ticket.id, "deadline", eta, w.ticket.cls))
+        for e in late:
+            self.cancel(e.id, now)
+        return list(late)
 
     def _arrival_rate(self, classes: tuple[str, ...], now: float) -> float:
         if not classes or self._first_arrival is None:

@@ -29,6 +29,7 @@ from ..cache.store import Put, Store
 from ..config import Cache as CacheConfig
 from ..config import Config
 from ..dedup.canonical import canonical
+from ..embed.batching import EmbedShedError
 from ..exchange import Exchange, Reply
 from ..metrics import Metrics
 from ..redis_conn import StoreGuard
@@ -140,6 +141,9 @@ class Cache(Stage):
         try:  # any embedder failure or delay: the exact path only
             async with asyncio.timeout(self.embed_timeout_s):
                 f.vector = await m.embedder.embed(text)
+        except EmbedShedError:  # could not arrive in time: shed early and counted (gate_embed_shed_total)
+            self.metrics.cache_semantic_skips.labels("embed_shed").inc()
+            return None
         except Exception:
             self.metrics.cache_semantic_skips.labels("embed_error").inc()
             return None

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 
 
 class Counter(Protocol):
-    def count(self, texts: list[str]) -> int: ...
+    async def measure(self, texts: list[str], limit: int | None = None) -> int: ...
 
 
 class PromptLimit(Stage):
@@ -34,8 +34,9 @@ class PromptLimit(Stage):
 
     async def on_request(self, ex: Exchange) -> Reply | None:
         assert ex.payload is not None and ex.pool is not None
-        ex.prompt_tokens = self.counter.count(prompt_texts(ex.payload)) + token_array_count(ex.payload)
         limit = self.routing.pools[ex.pool].max_prompt_tokens or self.default_limit
+        ex.prompt_tokens = await self.counter.measure(prompt_texts(ex.payload), limit)
+        ex.prompt_tokens += token_array_count(ex.payload)
         if ex.prompt_tokens <= limit:
             return None
         return error_reply(

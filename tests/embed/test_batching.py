@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from extproc.embed import BatchingEmbedder, BatchReport, OnnxEmbedder
+from extproc.embed.batching import EmbedShedError, default_threads, default_workers
 
 from .sentences import MIXED
 
@@ -70,7 +71,7 @@ async def test_errors_reach_every_waiter_and_the_next_batch_works() -> None:
 
 async def test_cancelled_caller_does_not_break_the_batch() -> None:
     inner = Slow(0.05)
-    emb = BatchingEmbedder(inner)
+    emb = BatchingEmbedder(inner, workers=1)
     try:
         first = asyncio.ensure_future(emb.embed("first"))
         await asyncio.sleep(0.01)  # first batch running
@@ -97,7 +98,7 @@ async def test_real_model_batches_and_loop_stays_responsive(
     name: str, request: pytest.FixtureRequest
 ) -> None:
     inner: OnnxEmbedder = request.getfixturevalue(name)
-    emb = BatchingEmbedder(inner, max_batch=16)
+    emb = BatchingEmbedder(inner, max_batch=16, workers=1)  # one core left for the loop
     await emb.warmup()
     stop, lateness = asyncio.Event(), list[float]()
     beat = asyncio.ensure_future(_heartbeat(stop, 0.002, lateness))
@@ -118,3 +119,111 @@ async def test_real_model_batches_and_loop_stays_responsive(
     assert float(np.median(lateness)) < 0.003, worst
     assert float(np.quantile(lateness, 0.9)) < 0.010, worst
     assert max(lateness) < min(0.05, emb.stats.infer_s_max / 2), (worst, emb.stats.infer_s_max)
+
+
+class Gauge(Slow):
+    """Slow, and records how many batches ran at once."""
+
+    def __init__(self, seconds: float = 0.05) -> None:
+        super().__init__(seconds)
+        self._lock = threading.Lock()
+        self.now = 0
+        self.most = 0
+
+    def embed_sync(self, texts: list[str]) -> np.ndarray:
+        with self._lock:
+            self.now += 1
+            self.most = max(self.most, self.now)
+        try:
+            return super().embed_sync(texts)
+        finally:
+            with self._lock:
+                self.now -= 1
+
+
+async def test_two_workers_run_two_batches_at_once() -> None:
+    inner = Gauge(0.05)
+    emb = BatchingEmbedder(inner, max_batch=4, workers=2)
+    try:
+        results = await asyncio.gather(*(emb.embed("x" * i) for i in range(1, 17)))
+    finally:
+        await emb.aclose()
+    assert [int(r[0]) for r in results] == list(range(1, 17))
+    assert inner.most == 2 and len(inner.threads) == 2
+
+
+def hold_the_loop(seconds: float) -> None:
+    time.sleep(seconds)
+
+
+async def test_the_next_batch_runs_while_the_loop_is_busy() -> None:
+    inner = Slow(0.02)
+    emb = BatchingEmbedder(inner, max_batch=2, workers=1, window_s=0)
+    try:
+        tasks = [asyncio.ensure_future(emb.embed(t)) for t in ("a", "bb", "ccc", "dddd", "eeeee", "ffffff")]
+        await asyncio.sleep(0)  # all six queued
+        hold_the_loop(0.5)  # the loop is stuck in some other stream's work
+        assert sum(inner.sizes) == 6 and len(inner.sizes) >= 3  # every batch ran meanwhile
+        assert [int(r[0]) for r in await asyncio.gather(*tasks)] == [1, 2, 3, 4, 5, 6]
+    finally:
+        await emb.aclose()
+
+
+async def test_a_full_queue_sheds_at_once_and_counts_it() -> None:
+    inner = Slow(0.3)
+    sheds: list[str] = []
+    emb = BatchingEmbedder(inner, max_batch=1, workers=1, max_queue=2, window_s=0, on_shed=sheds.append)
+    try:
+        running = asyncio.ensure_future(emb.embed("run"))
+        await asyncio.sleep(0.05)  # in the model now
+        queued = [asyncio.ensure_future(emb.embed(t)) for t in ("q1", "q2")]
+        await asyncio.sleep(0)
+        with pytest.raises(EmbedShedError) as info:
+            await emb.embed("one too many")
+        assert info.value.reason == "queue_full"
+        assert not running.done()  # told before anything it waited on finished
+        await asyncio.gather(running, *queued)
+    finally:
+        await emb.aclose()
+    assert sheds == ["queue_full"] and emb.stats.shed["queue_full"] == 1
+    assert "one too many" not in inner.seen
+
+
+async def test_a_text_that_would_arrive_late_is_shed_at_once() -> None:
+    inner = Slow(0.1)
+    emb = BatchingEmbedder(inner, max_batch=1, workers=1, window_s=0, timeout_s=0.25)
+    try:
+        await emb.embed("measure")  # 0.1 s a text
+        first = [asyncio.ensure_future(emb.embed(f"t{i}")) for i in range(2)]
+        await asyncio.sleep(0)
+        with pytest.raises(EmbedShedError) as info:
+            await emb.embed("third in line")  # ~0.3 s of work ahead of it, 0.25 s allowed
+        assert info.value.reason == "late" and info.value.wait_s > 0.25
+        await asyncio.gather(*first)
+    finally:
+        await emb.aclose()
+    assert emb.stats.shed["late"] == 1 and "third in line" not in inner.seen
+
+
+async def test_a_time_out_is_a_counted_shed_and_the_text_is_not_computed_later() -> None:
+    inner = Slow(0.3)
+    emb = BatchingEmbedder(inner, max_batch=1, workers=1, window_s=0, timeout_s=0.1)
+    try:
+        blocker = asyncio.ensure_future(emb.embed("blocker"))
+        await asyncio.sleep(0.01)
+        with pytest.raises(EmbedShedError) as info:
+            await emb.embed("waits too long")  # nothing measured yet: queued, then timed out
+        assert info.value.reason == "timeout"
+        with pytest.raises(EmbedShedError):
+            await blocker  # its own 0.1 s passed too
+        await asyncio.sleep(0.4)
+    finally:
+        await emb.aclose()
+    assert emb.stats.shed["timeout"] == 2
+    assert inner.seen == ["blocker"]
+
+
+def test_defaults_share_the_cores() -> None:
+    assert default_workers(1) == 1 and default_workers(2) == 2 and default_workers(16) == 2
+    assert default_threads(16) == 8 and default_threads(16, processes=4) == 2
+    assert default_threads(2) == 1 and default_threads(1) == 1

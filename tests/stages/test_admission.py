@@ -119,3 +119,30 @@ async def test_disabled_admission_does_nothing() -> None:
     stage = admission(enabled=False)
     assert await stage.on_request(exchange("a")) is None
     assert not stage.pools.embedded
+
+
+async def test_a_request_that_cannot_make_its_budget_is_told_at_once_not_at_its_deadline() -> None:
+    stage = admission(
+        pools={"primary": {"capacity": {"static_limit": 1}}},
+        deadline_ms={"vip": 60_000, "premium": 60_000, "standard": 2_000},
+    )
+    warm = exchange("warm")
+    await stage.on_request(warm)
+    await asyncio.sleep(0.1)  # a slot is held ~0.1 s: the pool's service time
+    warm.status = 200
+    await stage.on_done(warm)
+    held = exchange("held")
+    await stage.on_request(held)
+    ahead = [asyncio.create_task(stage.on_request(exchange(f"v{i}", "vip"))) for i in range(25)]
+    await asyncio.sleep(0.01)
+    # 26 releases of ~0.1 s ahead of it, 2 s allowed: the 503 comes now, while nothing is released.
+    reply = await asyncio.wait_for(stage.on_request(exchange("late")), 1.0)
+    assert reply is not None and reply.status == 503
+    error = orjson.loads(reply.body)["error"]
+    assert error["eta_ms"] > 2_000 and int(reply.headers["retry-after"]) >= 2
+    assert not any(t.done() for t in ahead)
+    for t in ahead:
+        t.cancel()
+    await asyncio.gather(*ahead, return_exceptions=True)
+    await stage.on_done(held)
+    await stage.pools.embedded["primary"].stop()
