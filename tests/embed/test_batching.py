@@ -3,6 +3,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from typing import Any
 
 import numpy as np
 import pytest
@@ -85,40 +86,38 @@ async def test_cancelled_caller_does_not_break_the_batch() -> None:
     assert "doomed" not in inner.seen and "kept" in inner.seen
 
 
-async def _heartbeat(stop: asyncio.Event, period: float, lateness: list[float]) -> None:
-    loop = asyncio.get_running_loop()
-    while not stop.is_set():
-        t = loop.time()
-        await asyncio.sleep(period)
-        lateness.append(loop.time() - t - period)
+class ThreadNoting:
+    """The real model, noting which thread runs each batch."""
+
+    def __init__(self, inner: OnnxEmbedder) -> None:
+        self.inner = inner
+        self.threads: set[int] = set()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def embed_sync(self, texts: list[str]) -> np.ndarray:
+        self.threads.add(threading.get_ident())
+        return self.inner.embed_sync(texts)
 
 
 @pytest.mark.parametrize("name", ["e5", "minilm"])
-async def test_real_model_batches_and_loop_stays_responsive(
-    name: str, request: pytest.FixtureRequest
-) -> None:
+async def test_real_model_batches_off_the_event_loop(name: str, request: pytest.FixtureRequest) -> None:
+    """Batches run in worker threads: the loop keeps serving other streams meanwhile (how much
+    that buys is a benchmark figure, `load.bench_gate`, not an assertion here)."""
     inner: OnnxEmbedder = request.getfixturevalue(name)
-    emb = BatchingEmbedder(inner, max_batch=16, workers=1)  # one core left for the loop
+    noting = ThreadNoting(inner)
+    emb = BatchingEmbedder(noting, max_batch=16, workers=1)  # type: ignore[arg-type]
     await emb.warmup()
-    stop, lateness = asyncio.Event(), list[float]()
-    beat = asyncio.ensure_future(_heartbeat(stop, 0.002, lateness))
     try:
         texts = [f"{t} #{i}" for i in range(4) for t in MIXED]
         vectors = await asyncio.gather(*(emb.embed(t) for t in texts))
     finally:
-        stop.set()
-        await beat
         await emb.aclose()
     assert emb.stats.max_size > 1
     ref = inner.embed_sync(texts)
     assert np.abs(np.stack(vectors) - ref).max() < 1e-5
-    # Run on the loop, one batch would stall it for infer_s (tens of ms); off the loop the
-    # heartbeat only sees scheduling noise (this 2-core CI box runs other suites meanwhile).
-    assert len(lateness) >= 5
-    worst = sorted(lateness)[-5:]
-    assert float(np.median(lateness)) < 0.003, worst
-    assert float(np.quantile(lateness, 0.9)) < 0.010, worst
-    assert max(lateness) < min(0.05, emb.stats.infer_s_max / 2), (worst, emb.stats.infer_s_max)
+    assert noting.threads and threading.get_ident() not in noting.threads
 
 
 class Gauge(Slow):
