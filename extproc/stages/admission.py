@@ -28,6 +28,8 @@ if TYPE_CHECKING:
     from ..services import Services
 
 QUEUE_MS_HEADER = "x-gate-queue-ms"
+CLIENT_TIMEOUT_HEADER = "x-stainless-read-timeout"
+CLIENT_TIMEOUT_SHARE = 0.5  # of the client's timeout, at most, in the queue: the rest is for the model
 
 
 @dataclass(frozen=True)
@@ -43,6 +45,20 @@ def is_urgent(text: str, words: list[str]) -> bool:
     return any(word.lower() in lowered for word in words)
 
 
+def wait_budget_s(class_deadline_s: float, headers: dict[str, str]) -> float:
+    """How long this request may queue: its class's deadline, and never past the point where
+    its client gives up (OpenAI's SDKs send their read timeout as x-stainless-read-timeout):
+    a slot granted after that would compute an answer nobody reads, and the client's retry
+    would queue again."""
+    try:
+        client_s = float(headers.get(CLIENT_TIMEOUT_HEADER, ""))
+    except ValueError:
+        return class_deadline_s
+    if not client_s > 0:  # also NaN
+        return class_deadline_s
+    return min(class_deadline_s, client_s * CLIENT_TIMEOUT_SHARE)
+
+
 def overloaded(pool: str, outcome: Refused) -> Reply:
     eta_ms = max(1, round(outcome.eta_s * 1000))
     retry = max(1, math.ceil(outcome.eta_s))
@@ -55,7 +71,7 @@ def overloaded(pool: str, outcome: Refused) -> Reply:
         f"Pool '{pool}' is overloaded: {why}. Retry after {retry} s; higher tiers are served first.",
         type="overloaded",
         code="overloaded",
-        headers={"retry-after": str(retry)},
+        headers={"retry-after": str(retry), "retry-after-ms": str(eta_ms)},
         decision="shed",
         extra={"eta_ms": eta_ms},
     )
@@ -83,7 +99,7 @@ class Admission(Stage):
             cls=cls,
             urgent=is_urgent(last_user_text(ex.payload), s.urgency_words),
             tokens=estimated_tokens(ex.payload, ex.prompt_tokens, s.default_max_tokens),
-            deadline_s=s.deadline_s(cls),
+            deadline_s=wait_budget_s(s.deadline_s(cls), ex.headers),
         )
         slots = self.pools.slots(ex.pool)
         started = time.perf_counter()

@@ -30,6 +30,9 @@ if TYPE_CHECKING:
     from ..services import Services
 
 
+SHOULD_RETRY = "x-should-retry"  # honoured by OpenAI's SDKs
+
+
 @dataclass
 class Call:
     """What the breaker knows of one upstream call."""
@@ -104,8 +107,15 @@ class Breaker(Stage):
         return ex.prompt_tokens <= limit
 
     async def on_response(self, ex: Exchange, status: int, headers: dict[str, str]) -> None:
+        if ex.upstream_started is None:
+            return  # the gate answered itself
+        if status >= 500:
+            # A model (or Envoy for it) failed this request; Envoy already retried what never
+            # reached a model. A client retry would multiply calls to a failing pool (OpenAI's
+            # SDKs retry 5xx twice): tell them not to.
+            ex.client_headers[SHOULD_RETRY] = "false"
         call = ex.state.get(self.name)
-        if not isinstance(call, Call) or ex.upstream_started is None:
+        if not isinstance(call, Call):
             return
         call.status, call.headers_at = status, time.perf_counter()
         if call.stream and self.config.stream_signal == "ttft" and 200 <= status < 300:

@@ -12,7 +12,7 @@ from extproc.config import Config
 from extproc.exchange import Exchange
 from extproc.metrics import Metrics
 from extproc.scheduler.pools import Pools
-from extproc.stages.admission import Admission, estimated_tokens, is_urgent, last_user_text
+from extproc.stages.admission import Admission, estimated_tokens, is_urgent, last_user_text, wait_budget_s
 from load.stack import free_port
 
 DEFAULT_WORDS = Config().admission.urgency_words
@@ -146,3 +146,12 @@ async def test_a_request_that_cannot_make_its_budget_is_told_at_once_not_at_its_
     await asyncio.gather(*ahead, return_exceptions=True)
     await stage.on_done(held)
     await stage.pools.embedded["primary"].stop()
+
+
+@pytest.mark.parametrize(
+    ("header", "budget"),
+    [(None, 10.0), ("4", 2.0), ("600", 10.0), ("0", 10.0), ("nan", 10.0), ("soon", 10.0)],
+)
+def test_a_request_never_queues_past_half_its_clients_timeout(header: str | None, budget: float) -> None:
+    headers = {} if header is None else {"x-stainless-read-timeout": header}
+    assert wait_budget_s(10.0, headers) == budget
