@@ -15,6 +15,7 @@ from typing import Any
 import yaml
 
 GATE_CLUSTER = "llm_gate"
+TYPE = "type.googleapis.com/"
 EXT_PROC = "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor"
 HCM = "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager"
 ROUTER = "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"
@@ -190,7 +191,7 @@ def retry_policy() -> dict[str, Any]:
             {
                 "name": "envoy.retry_host_predicates.previous_hosts",
                 "typed_config": {
-                    "@type": "type.googleapis.com/envoy.extensions.retry.host.previous_hosts.v3.PreviousHostsPredicate"
+                    "@type": TYPE + "envoy.extensions.retry.host.previous_hosts.v3.PreviousHostsPredicate"
                 },
             }
         ],
@@ -231,6 +232,7 @@ def _cel(expression: str) -> dict[str, Any]:
 
 
 REQUEST_ID = "%REQ(X-REQUEST-ID)%"
+EXT_PROC_FAILED = "response.code_details.startsWith('ext_proc_error')"
 _ID_HEADER = [
     {"header": {"key": "x-request-id", "value": REQUEST_ID}, "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"}
 ]
@@ -277,15 +279,13 @@ def local_reply_mappers() -> list[dict[str, Any]]:
     return [
         {
             # The gate cluster's circuit breaker is full: a retryable 503, not an empty 500.
-            "filter": _cel(
-                "response.code_details.startsWith('ext_proc_error') && response.code_details.contains('overflow')"
-            ),
+            "filter": _cel(f"{EXT_PROC_FAILED} && response.code_details.contains('overflow')"),
             "status_code": 503,
             "headers_to_add": [*_ID_HEADER, *_RETRY_SOON],
             "body_format_override": _openai_error(overflow, "server_error", "gate_overloaded"),
         },
         {
-            "filter": _cel("response.code_details.startsWith('ext_proc_error')"),
+            "filter": _cel(EXT_PROC_FAILED),
             "headers_to_add": _ID_HEADER,
             "body_format_override": _openai_error(gate_failed, "server_error", "gate_unavailable"),
         },
@@ -378,6 +378,9 @@ def routes(
     ]
 
 
+DOWNSTREAM_CONNECTIONS = "downstream_connections.v3.DownstreamConnectionsConfig"
+
+
 def overload_manager(max_connections: int = 50_000, max_heap_bytes: int = 2 << 30) -> dict[str, Any]:
     heap = "envoy.resource_monitors.fixed_heap"
     return {
@@ -386,14 +389,14 @@ def overload_manager(max_connections: int = 50_000, max_heap_bytes: int = 2 << 3
             {
                 "name": heap,
                 "typed_config": {
-                    "@type": "type.googleapis.com/envoy.extensions.resource_monitors.fixed_heap.v3.FixedHeapConfig",
+                    "@type": TYPE + "envoy.extensions.resource_monitors.fixed_heap.v3.FixedHeapConfig",
                     "max_heap_size_bytes": max_heap_bytes,
                 },
             },
             {
                 "name": "envoy.resource_monitors.global_downstream_max_connections",
                 "typed_config": {
-                    "@type": "type.googleapis.com/envoy.extensions.resource_monitors.downstream_connections.v3.DownstreamConnectionsConfig",
+                    "@type": f"{TYPE}envoy.extensions.resource_monitors.{DOWNSTREAM_CONNECTIONS}",
                     "max_active_downstream_connections": max_connections,
                 },
             },
