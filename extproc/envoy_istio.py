@@ -7,9 +7,11 @@ Three variants differ only in how they find the gateway: istioctl's default gate
 - the gate is reached through the mesh's own outbound cluster for its Service, so the
   sidecar's mTLS, per-pod endpoints and the DestinationRule apply; the EnvoyFilter adds
   gRPC health checks and HTTP/2 keepalive to that cluster;
-- the ext_proc filter is inserted disabled and enabled only on the LLM host's virtual host,
-  so the gateway's other applications never pass through the gate;
-- client-sent `x-gate-*` headers are dropped before routing (harmless for other hosts);
+- on a shared gateway (istioctl, Helm) the ext_proc filter is inserted disabled and enabled
+  only on the LLM host's virtual host, so the gateway's other applications never pass
+  through the gate; a Gateway API gateway is a deployment of its own, gated as a whole;
+- client-sent `x-gate-*` headers are dropped before routing, and the listeners buffer 1 MiB
+  instead of Istio's 32 KiB (both gateway-wide, and harmless for other hosts);
 - Envoy's own error replies become OpenAI-style JSON only for requests to the LLM host;
 - a pool is chosen only by the `x-gate-cluster` the gate set, and a chat or completions
   request the gate did not route never falls through to a pool.
@@ -83,11 +85,30 @@ def config_patches(
     enable = {
         ext_proc["name"]: {"@type": FILTER_CONFIG, "config": {"@type": EXT_PROC_PER_ROUTE, "overrides": {}}}
     }
+    # A shared gateway (istioctl, Helm): the filter is off by default and on for the LLM host's
+    # virtual host. A Gateway API gateway is a deployment of its own: the filter is on for it all.
+    insert = {
+        "applyTo": "HTTP_FILTER",
+        "match": router_match,
+        "patch": {"operation": "INSERT_BEFORE", "value": {**ext_proc, "disabled": bool(gateway)}},
+    }
+    on_vhost = {
+        "applyTo": "VIRTUAL_HOST",
+        "match": {"context": "GATEWAY", "routeConfiguration": vhost},
+        "patch": {"operation": "MERGE", "value": {"typed_per_filter_config": enable}},
+    }
+    gate_filter = [insert, on_vhost] if gateway else [insert]
     cluster_value = {
         "typed_extension_protocol_options": ec.gate_http2(),
         "health_checks": ec.gate_health_checks(),
     }
     return [
+        {
+            # Istio's listeners buffer 32 KiB; the gate sees whole bodies up to 1 MiB.
+            "applyTo": "LISTENER",
+            "match": {"context": "GATEWAY"},
+            "patch": {"operation": "MERGE", "value": {"per_connection_buffer_limit_bytes": ec.BUFFER_LIMIT}},
+        },
         {
             "applyTo": "NETWORK_FILTER",
             "match": hcm_match,
@@ -102,16 +123,7 @@ def config_patches(
                 },
             },
         },
-        {
-            "applyTo": "HTTP_FILTER",
-            "match": router_match,
-            "patch": {"operation": "INSERT_BEFORE", "value": {**ext_proc, "disabled": True}},
-        },
-        {
-            "applyTo": "VIRTUAL_HOST",
-            "match": {"context": "GATEWAY", "routeConfiguration": vhost},
-            "patch": {"operation": "MERGE", "value": {"typed_per_filter_config": enable}},
-        },
+        *gate_filter,
         {
             "applyTo": "CLUSTER",
             "match": {
