@@ -39,6 +39,7 @@ GATE_MUTABLE_HEADERS = (
 # A JSON answer has no bytes until it is complete: the route's idle timeout bounds the time
 # to the first byte. A streamed answer may take as long as it likes while tokens flow.
 UPSTREAM_IDLE_S = 300
+MAX_QUEUE_S = 240  # the longest wait the gate may ask for with override_message_timeout
 
 
 def _endpoints(addresses: list[tuple[str, int]]) -> dict[str, Any]:
@@ -162,7 +163,8 @@ def ext_proc_filter(
             # Envoy's default is 200 ms; it must exceed the longest queue wait. The gate sends
             # override_message_timeout (up to max_message_timeout) when a request will queue longer.
             "message_timeout": f"{message_timeout_s:g}s",
-            "max_message_timeout": f"{max(message_timeout_s, 300):g}s",
+            # Below the stream idle timeout (300 s), which a queued request's wait counts towards.
+            "max_message_timeout": f"{max(message_timeout_s, MAX_QUEUE_S):g}s",
             "allow_mode_override": True,
             "mutation_rules": mutation_rules(),
             "processing_mode": {
@@ -317,12 +319,12 @@ def pool_cluster(name: str, addresses: list[tuple[str, int]]) -> dict[str, Any]:
     }
 
 
-def pool_route(cluster: str) -> dict[str, Any]:
+def pool_route(cluster: str, idle_s: float = UPSTREAM_IDLE_S) -> dict[str, Any]:
     """No total timeout (a streamed answer may run for minutes); an idle timeout instead."""
     return {
         "cluster": cluster,
         "timeout": "0s",
-        "idle_timeout": f"{UPSTREAM_IDLE_S}s",
+        "idle_timeout": f"{idle_s:g}s",
         "retry_policy": retry_policy(),
     }
 
@@ -341,7 +343,12 @@ def not_routed_reply() -> dict[str, Any]:
 
 
 def routes(
-    pools: list[str], default: str, *, gated: bool = True, gated_paths: tuple[str, ...] = GATED_PATHS
+    pools: list[str],
+    default: str,
+    *,
+    gated: bool = True,
+    gated_paths: tuple[str, ...] = GATED_PATHS,
+    idle_s: float = UPSTREAM_IDLE_S,
 ) -> list[dict[str, Any]]:
     """One route per pool on the gate's `x-gate-cluster`; gated paths without it get a JSON 503;
     other paths (e.g. /v1/models, which the gate passes through) go to the default pool."""
@@ -352,7 +359,7 @@ def routes(
                 "prefix": "/",
                 "headers": [{"name": "x-gate-cluster", "string_match": {"exact": pool}}],
             },
-            "route": pool_route(pool),
+            "route": pool_route(pool, idle_s),
         }
         for pool in pools
     ]
@@ -374,7 +381,7 @@ def routes(
     return [
         *by_header,
         *unrouted,
-        {"name": "passthrough", "match": {"prefix": "/"}, "route": pool_route(default)},
+        {"name": "passthrough", "match": {"prefix": "/"}, "route": pool_route(default, idle_s)},
     ]
 
 
@@ -426,7 +433,7 @@ def layered_runtime() -> dict[str, Any]:
 
 
 def http_connection_manager(
-    route_config: dict[str, Any], http_filters: list[dict[str, Any]]
+    route_config: dict[str, Any], http_filters: list[dict[str, Any]], idle_s: float = UPSTREAM_IDLE_S
 ) -> dict[str, Any]:
     return {
         "@type": HCM,
@@ -438,7 +445,7 @@ def http_connection_manager(
         "preserve_external_request_id": True,
         "codec_type": "AUTO",
         # Idle, not total: a streamed answer lives as long as tokens flow.
-        "stream_idle_timeout": f"{UPSTREAM_IDLE_S}s",
+        "stream_idle_timeout": f"{idle_s:g}s",
         "request_headers_timeout": "10s",
         # `x_gate_cluster` must not reach anything that folds `_` into `-`.
         "common_http_protocol_options": {"headers_with_underscores_action": "DROP_HEADER"},
@@ -459,15 +466,18 @@ def bootstrap(
     failure_mode_allow: bool = False,
     message_timeout_s: float = 35.0,
     gate_streams: int = GATE_STREAMS,
+    idle_timeout_s: float = UPSTREAM_IDLE_S,
 ) -> dict[str, Any]:
     # Fail-open sends requests the gate never saw to the default pool: that is its meaning.
-    vhost_routes = routes(list(pools), default_pool, gated=bool(gate) and not failure_mode_allow)
+    gated = bool(gate) and not failure_mode_allow
+    vhost_routes = routes(list(pools), default_pool, gated=gated, idle_s=idle_timeout_s)
     hcm = http_connection_manager(
         {"name": "llm", "virtual_hosts": [{"name": "llm", "domains": ["*"], "routes": vhost_routes}]},
         [
             *([ext_proc_filter(failure_mode_allow, message_timeout_s)] if gate else []),
             {"name": "envoy.filters.http.router", "typed_config": {"@type": ROUTER}},
         ],
+        idle_timeout_s,
     )
     listener = {
         "name": "llm",

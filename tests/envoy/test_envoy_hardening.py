@@ -188,3 +188,52 @@ def test_a_killed_gate_worker_costs_a_few_json_errors_at_most() -> None:
             assert_openai_error(r)
         assert len(failed) <= 3, (len(failed), len(results))
         assert len(results) >= 20
+
+
+def test_a_5xx_a_model_produced_is_answered_once_and_a_refused_connection_is_retried() -> None:
+    with Stack(external_gate=True) as stack, rogue_extproc() as port:
+        dead = free_port()
+        listen, admin = free_port(), free_port()
+        doc = envoy_config.bootstrap(
+            listen=(LOOPBACK, listen),
+            admin=(LOOPBACK, admin),
+            gate=[(LOOPBACK, port)],
+            pools={
+                "primary": [(LOOPBACK, stack.pool_ports["primary"])],
+                "fallback": [(LOOPBACK, dead), (LOOPBACK, stack.pool_ports["fallback"])],
+            },
+        )
+        body = chat("route-me", model="phi-3-mini")
+        with (
+            envoy(doc, listen, admin) as admin_url,
+            httpx.Client(base_url=f"http://{LOOPBACK}:{listen}", timeout=10) as client,
+        ):
+            # Half the fallback pool refuses connections: each call still gets its answer.
+            for _ in range(10):
+                assert client.post(CHAT, json=body).status_code == 200
+            assert stat(admin_url, "cluster.fallback.upstream_cx_connect_fail") >= 1
+            assert stat(admin_url, "cluster.fallback.upstream_rq_retry") >= 1
+            # A model that answers 500: one call, one model request, the 500 passed on.
+            faults = {"error_rate": 1.0, "error_status": 500}
+            httpx.post(stack.sim_url("fallback") + "/admin/faults", json=faults).raise_for_status()
+            before = stat(admin_url, "cluster.fallback.upstream_rq_completed")
+            retries = stat(admin_url, "cluster.fallback.upstream_rq_retry")
+            assert client.post(CHAT, json=body).status_code == 500
+            assert stat(admin_url, "cluster.fallback.upstream_rq_completed") == before + 1
+            assert stat(admin_url, "cluster.fallback.upstream_rq_retry") == retries
+
+
+def test_a_streamed_answer_may_outlast_the_idle_timeout_while_a_silent_pool_may_not() -> None:
+    with Stack() as stack:
+        doc, listen, admin = bootstrap_for(stack, stack.gate_ports, idle_timeout_s=1)
+        config = {"itl_ms": 250.0}  # 20 tokens: about 5 s in all, far over the 1 s idle timeout
+        httpx.post(stack.sim_url("primary") + "/admin/config", json=config).raise_for_status()
+        with envoy(doc, listen, admin), httpx.Client(base_url=f"http://{LOOPBACK}:{listen}", timeout=30) as c:
+            r = c.post(CHAT, json={**chat("a long story"), "max_tokens": 20, "stream": True})
+            assert r.status_code == 200 and r.text.endswith("data: [DONE]\n\n")
+            assert r.text.count("data: ") >= 12  # each 250 ms apart: the whole stream outlasts 1 s
+            hang(stack, "primary", True)
+            r = c.post(CHAT, json=chat("silence"))
+            hang(stack, "primary", False)
+            assert r.status_code == 504
+            assert_openai_error(r)
