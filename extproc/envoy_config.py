@@ -467,9 +467,11 @@ def bootstrap(
     message_timeout_s: float = 35.0,
     gate_streams: int = GATE_STREAMS,
     idle_timeout_s: float = UPSTREAM_IDLE_S,
+    require_gate_route: bool = True,
 ) -> dict[str, Any]:
-    # Fail-open sends requests the gate never saw to the default pool: that is its meaning.
-    gated = bool(gate) and not failure_mode_allow
+    """`require_gate_route=False` lets unrouted chat requests through to the default pool (a
+    processor that never routes, as in benchmarks); fail-open implies it: that is its meaning."""
+    gated = bool(gate) and require_gate_route and not failure_mode_allow
     vhost_routes = routes(list(pools), default_pool, gated=gated, idle_s=idle_timeout_s)
     hcm = http_connection_manager(
         {"name": "llm", "virtual_hosts": [{"name": "llm", "domains": ["*"], "routes": vhost_routes}]},

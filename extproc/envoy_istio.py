@@ -340,8 +340,13 @@ HEADER = """\
 # mesh's mTLS through its outbound cluster. The LLM host `{host}` → vLLM Services
 # `vllm-primary` and `vllm-fallback` (namespace `llm`, port 8000); replace the host, the TLS
 # secret and the Services with yours, keeping each `x-gate-cluster` value equal to the pool's
-# `cluster` in the gate's config (routing.pools.NAME.cluster). Only the LLM host is gated.
+# `cluster` in the gate's config (routing.pools.NAME.cluster). {scope}
 """
+SCOPE = {
+    "istioctl": "Only the LLM host is gated.",
+    "helm": "Only the LLM host is gated.",
+    "gateway-api": "The Gateway is the LLM's own: all of it is gated.",
+}
 WHAT = {
     "istioctl": "installed by istioctl: pods labelled istio=ingressgateway",
     "helm": "installed by the istio/gateway Helm chart: pods labelled istio=ingress",
@@ -358,7 +363,12 @@ def render(
 ) -> str:
     docs = documents(variant, gate_namespace, gate_port, failure_mode_allow)
     header = HEADER.format(
-        what=WHAT[variant], variant=variant, namespace=gate_namespace, port=gate_port, host=LLM_HOST
+        what=WHAT[variant],
+        scope=SCOPE[variant],
+        variant=variant,
+        namespace=gate_namespace,
+        port=gate_port,
+        host=LLM_HOST,
     )
     return header + yaml.safe_dump_all(docs, sort_keys=False, default_flow_style=False)
 
