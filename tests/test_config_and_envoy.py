@@ -61,7 +61,7 @@ def test_shipped_envoy_files_are_what_the_generator_writes(
     assert (REPO / path).read_text() == out.read_text(), f"regenerate {path} with llm-gate envoy-config"
 
 
-def test_shipped_bootstrap_passes_envoy_validate() -> None:
+def test_shipped_bootstrap_passes_envoy_validate_without_warnings() -> None:
     result = subprocess.run(
         [envoy_binary(), "--mode", "validate", "-c", str(REPO / "envoy/envoy.yaml"), "--use-dynamic-base-id"],
         capture_output=True,
@@ -69,6 +69,8 @@ def test_shipped_bootstrap_passes_envoy_validate() -> None:
         timeout=60,
     )
     assert result.returncode == 0, result.stderr[-2000:]
+    warnings = [line for line in (result.stdout + result.stderr).splitlines() if "[warning]" in line]
+    assert not warnings, warnings  # no deprecated fields, no missing connection limit
 
 
 def test_include_snippet_validates_inside_a_minimal_bootstrap(tmp_path: Path) -> None:

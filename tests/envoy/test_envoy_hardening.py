@@ -238,3 +238,23 @@ def test_a_streamed_answer_may_outlast_the_idle_timeout_while_a_silent_pool_may_
             hang(stack, "primary", False)
             assert r.status_code == 504
             assert_openai_error(r)
+
+
+def test_the_overload_manager_caps_downstream_connections() -> None:
+    with Stack() as stack:
+        doc, listen, admin = bootstrap_for(stack, stack.gate_ports)
+        doc["overload_manager"] = envoy_config.overload_manager(max_connections=4)
+        with envoy(doc, listen, admin) as admin_url:
+            clients = [httpx.Client(base_url=f"http://{LOOPBACK}:{listen}", timeout=5) for _ in range(8)]
+            try:
+                outcomes = []
+                for client in clients:
+                    try:
+                        outcomes.append(client.get("/v1/models").status_code)
+                    except httpx.TransportError:
+                        outcomes.append(0)
+            finally:
+                for client in clients:
+                    client.close()
+            assert outcomes.count(200) == 4 and outcomes.count(0) == 4, outcomes
+            assert stat(admin_url, "downstream_global_cx_overflow") == 4
