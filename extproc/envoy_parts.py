@@ -254,7 +254,7 @@ def local_reply_mappers() -> list[dict[str, Any]]:
         },
         {
             "filter": too_large,
-            "headers_to_add": ID_HEADER,
+            "headers_to_add": [*ID_HEADER, {"header": {"key": "x-should-retry", "value": "false"}}],
             "body_format_override": _openai_error(message, "invalid_request_error", "request_too_large"),
         },
     ]

@@ -115,7 +115,7 @@ def test_a_full_gate_cluster_answers_a_json_503_with_a_request_id() -> None:
         assert len(overflow) >= 20, [r.status_code for r in results]
         for r in overflow:
             assert_openai_error(r)
-            assert r.headers["retry-after"] == "1"
+            assert r.headers["retry-after"] == "1" and r.headers["x-should-retry"] == "true"
         for r in results:
             if r.status_code != 200:
                 assert_openai_error(r)

@@ -92,6 +92,7 @@ def test_llm_traffic_passes_the_gate_over_mtls_and_only_the_gate_picks_the_pool(
 
         r = client.post(CHAT, content=chunks(), headers={**LLM, "content-type": "application/json"})
         assert r.status_code == 413 and r.json()["error"]["code"] == "request_too_large"
+        assert r.headers["x-should-retry"] == "false" and r.headers["x-request-id"]
 
         # Another host on the gateway: its errors are left as they are, and on a shared gateway
         # (a Gateway API gateway is the LLM's own) the gate never sees its requests.
