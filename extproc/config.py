@@ -129,7 +129,7 @@ class Server(Strict):
     # Envoy's ext_proc message_timeout and max_message_timeout: a request that may wait
     # longer (queue, coalescing) first asks Envoy for more time (override_message_timeout).
     envoy_message_timeout_ms: float = Field(default=35_000.0, gt=0)
-    envoy_max_message_timeout_ms: float = Field(default=60_000.0, gt=0)
+    envoy_max_message_timeout_ms: float = Field(default=240_000.0, gt=0)
     access_log: bool = True  # one JSON line per request (logger llm_gate.access)
     # The admin endpoint's own bind address (not `host`): keep it on loopback or a trusted network.
     admin_host: str = "127.0.0.1"

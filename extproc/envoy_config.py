@@ -2,88 +2,101 @@
 
 `envoy/envoy.yaml` and `envoy/ext_proc-include.yaml` are this module's output with the
 default ports (a test keeps them in sync); run `llm-gate envoy-config --help` for others.
+The gate's own pieces (its cluster, the ext_proc filter, Envoy's error replies) live in
+`extproc.envoy_parts`; the Istio objects come from `extproc.envoy_istio`.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-GATE_CLUSTER = "llm_gate"
-EXT_PROC = "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor"
-HCM = "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager"
-ROUTER = "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"
-HTTP_OPTIONS = "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
-BUFFER_LIMIT = 1_048_576  # matches validation.max_body_bytes
+from .envoy_parts import (
+    BUFFER_LIMIT,
+    GATE_CLUSTER,
+    GATE_MUTABLE_HEADERS,
+    GATE_STREAMS,
+    GATED_PATHS,
+    HCM,
+    HTTP_OPTIONS,
+    ID_HEADER,
+    MAX_QUEUE_S,
+    REQUEST_ID,
+    ROUTER,
+    TYPE,
+    UPSTREAM_IDLE_S,
+    endpoints,
+    ext_proc_filter,
+    gate_cluster,
+    gate_health_checks,
+    gate_http2,
+    gate_outlier_detection,
+    local_reply_config,
+    local_reply_mappers,
+    mutation_rules,
+    strip_gate_headers,
+)
+
+__all__ = [
+    "BUFFER_LIMIT",
+    "GATED_PATHS",
+    "GATE_CLUSTER",
+    "GATE_MUTABLE_HEADERS",
+    "GATE_STREAMS",
+    "HCM",
+    "HTTP_OPTIONS",
+    "ID_HEADER",
+    "MAX_QUEUE_S",
+    "REQUEST_ID",
+    "ROUTER",
+    "TYPE",
+    "UPSTREAM_IDLE_S",
+    "bootstrap",
+    "dump",
+    "endpoints",
+    "ext_proc_filter",
+    "gate_cluster",
+    "gate_health_checks",
+    "gate_http2",
+    "gate_outlier_detection",
+    "include_snippet",
+    "local_reply_config",
+    "local_reply_mappers",
+    "main",
+    "mutation_rules",
+    "not_routed_reply",
+    "pool_cluster",
+    "pool_protection",
+    "pool_route",
+    "retry_policy",
+    "routes",
+    "strip_gate_headers",
+]
 
 
-def _endpoints(addresses: list[tuple[str, int]]) -> dict[str, Any]:
-    return {
-        "endpoints": [
-            {
-                "lb_endpoints": [
-                    {"endpoint": {"address": {"socket_address": {"address": h, "port_value": p}}}}
-                    for h, p in addresses
-                ]
-            }
-        ]
-    }
-
-
-def gate_cluster(gate: list[tuple[str, int]]) -> dict[str, Any]:
-    """The gate speaks gRPC: the cluster MUST be HTTP/2 (validate mode does not catch it)."""
-    return {
-        "name": GATE_CLUSTER,
-        "type": "STATIC",
-        "connect_timeout": "0.25s",
-        "lb_policy": "ROUND_ROBIN",
-        "typed_extension_protocol_options": {
-            "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
-                "@type": HTTP_OPTIONS,
-                "explicit_http_config": {"http2_protocol_options": {}},
-            }
-        },
-        "load_assignment": {"cluster_name": GATE_CLUSTER, **_endpoints(gate)},
-    }
-
-
-def ext_proc_filter(failure_mode_allow: bool, message_timeout_s: float) -> dict[str, Any]:
-    return {
-        "name": "envoy.filters.http.ext_proc",
-        "typed_config": {
-            "@type": EXT_PROC,
-            "grpc_service": {"envoy_grpc": {"cluster_name": GATE_CLUSTER}},
-            # false: gate down → 500 at once (nothing bypasses the gate's checks);
-            # true: gate down → requests go upstream unchecked and unrouted by the gate.
-            "failure_mode_allow": failure_mode_allow,
-            # Envoy's default is 200 ms; it must exceed the longest queue wait.
-            "message_timeout": f"{message_timeout_s:g}s",
-            "max_message_timeout": f"{max(message_timeout_s, 60):g}s",
-            "allow_mode_override": True,
-            "processing_mode": {
-                "request_header_mode": "SEND",
-                "request_body_mode": "BUFFERED",
-                "response_header_mode": "SEND",
-                "response_body_mode": "NONE",
-                "request_trailer_mode": "SKIP",
-                "response_trailer_mode": "SKIP",
-            },
-        },
-    }
-
-
-# The network-level layer beneath the gate's latency breaker: Envoy retries calls that
-# failed outright (reset, refused, 5xx) within a budget, ejects endpoints that keep
-# failing, and caps what one pool cluster may hold. The gate's breaker acts on slowness,
-# which none of these see; it only counts what is left after Envoy's retries.
+# The network-level layer beneath the gate's latency breaker. Envoy retries only what never
+# reached a model (a connection that failed, a refused stream, a reset before the request was
+# sent): a 5xx that a model produced is answered as it is, so one client call never becomes
+# several model calls. Endpoints that keep failing are ejected, and a pool cluster holds at
+# most so many requests. The gate's breaker acts on slowness, which none of these see.
 def retry_policy() -> dict[str, Any]:
     return {
-        "retry_on": "reset,connect-failure,refused-stream,5xx",
+        "retry_on": "connect-failure,refused-stream,reset-before-request",
         "num_retries": 2,
         "retry_back_off": {"base_interval": "0.1s", "max_interval": "1s"},
+        "retry_host_predicate": [
+            {
+                "name": "envoy.retry_host_predicates.previous_hosts",
+                "typed_config": {
+                    "@type": TYPE + "envoy.extensions.retry.host.previous_hosts.v3.PreviousHostsPredicate"
+                },
+            }
+        ],
+        "host_selection_retry_max_attempts": 3,
     }
 
 
@@ -103,77 +116,152 @@ def pool_protection() -> dict[str, Any]:
     }
 
 
-def _openai_error(message: str, type: str, code: str) -> dict[str, Any]:
-    return {"json_format": {"error": {"message": message, "type": type, "param": None, "code": code}}}
-
-
-def local_reply_config() -> dict[str, Any]:
-    """Envoy's own error replies in OpenAI's error shape, as the gate's are.
-
-    Only replies Envoy made itself are rewritten: upstream failures carry a response flag,
-    and Envoy's buffer-limit 413 comes for a body without content-length (the gate answers
-    a too-large content-length itself). The gate's immediate responses have neither.
-    """
-    too_large = {
-        "and_filter": {
-            "filters": [
-                {
-                    "status_code_filter": {
-                        "comparison": {
-                            "op": "EQ",
-                            "value": {"default_value": 413, "runtime_key": "llm_gate.413"},
-                        }
-                    }
-                },
-                {
-                    "header_filter": {
-                        "header": {"name": "content-length", "present_match": True, "invert_match": True}
-                    }
-                },
-            ]
-        }
-    }
-    message = f"The request body is over {BUFFER_LIMIT} bytes, the proxy's buffer limit; send a smaller one."
-    return {
-        "mappers": [
-            {
-                "filter": {"response_flag_filter": {}},
-                "body_format_override": _openai_error(
-                    "%LOCAL_REPLY_BODY%", "upstream_error", "%RESPONSE_FLAGS%"
-                ),
-            },
-            {
-                "filter": too_large,
-                "body_format_override": _openai_error(message, "invalid_request_error", "request_too_large"),
-            },
-        ]
-    }
-
-
 def pool_cluster(name: str, addresses: list[tuple[str, int]]) -> dict[str, Any]:
     return {
         "name": name,
         "type": "STATIC",
         "connect_timeout": "1s",
         "lb_policy": "LEAST_REQUEST",
-        "load_assignment": {"cluster_name": name, **_endpoints(addresses)},
+        "load_assignment": {"cluster_name": name, **endpoints(addresses)},
         **pool_protection(),
     }
 
 
-def routes(pools: list[str], default: str) -> list[dict[str, Any]]:
+def pool_route(cluster: str, idle_s: float = UPSTREAM_IDLE_S) -> dict[str, Any]:
+    """No total timeout (a streamed answer may run for minutes); an idle timeout instead."""
+    return {
+        "cluster": cluster,
+        "timeout": "0s",
+        "idle_timeout": f"{idle_s:g}s",
+        "retry_policy": retry_policy(),
+    }
+
+
+def not_routed_reply() -> dict[str, Any]:
+    """A gated path the gate did not route: never an unchecked trip to a pool."""
+    body = {
+        "error": {
+            "message": "The gate did not route this request; it was not sent to any model. Retry shortly.",
+            "type": "server_error",
+            "param": None,
+            "code": "not_routed",
+        }
+    }
+    return {"status": 503, "body": {"inline_string": json.dumps(body)}}
+
+
+def routes(
+    pools: list[str],
+    default: str,
+    *,
+    gated: bool = True,
+    gated_paths: tuple[str, ...] = GATED_PATHS,
+    idle_s: float = UPSTREAM_IDLE_S,
+) -> list[dict[str, Any]]:
+    """One route per pool on the gate's `x-gate-cluster`; gated paths without it get a JSON 503;
+    other paths (e.g. /v1/models, which the gate passes through) go to the default pool."""
     by_header = [
         {
+            "name": f"gate-{pool}",
             "match": {
                 "prefix": "/",
                 "headers": [{"name": "x-gate-cluster", "string_match": {"exact": pool}}],
             },
-            "route": {"cluster": pool, "timeout": "300s", "retry_policy": retry_policy()},
+            "route": pool_route(pool, idle_s),
         }
         for pool in pools
     ]
-    fallthrough = {"cluster": default, "timeout": "300s", "retry_policy": retry_policy()}
-    return [*by_header, {"match": {"prefix": "/"}, "route": fallthrough}]
+    unrouted = [
+        {
+            "name": f"not-routed{path.replace('/', '-')}",
+            "match": {"path": path},
+            "direct_response": not_routed_reply(),
+            "response_headers_to_add": [
+                {
+                    "header": {"key": "content-type", "value": "application/json"},
+                    "append_action": "OVERWRITE_IF_EXISTS_OR_ADD",
+                },
+                *ID_HEADER,
+            ],
+        }
+        for path in (gated_paths if gated else ())
+    ]
+    return [
+        *by_header,
+        *unrouted,
+        {"name": "passthrough", "match": {"prefix": "/"}, "route": pool_route(default, idle_s)},
+    ]
+
+
+DOWNSTREAM_CONNECTIONS = "downstream_connections.v3.DownstreamConnectionsConfig"
+
+
+def overload_manager(max_connections: int = 50_000, max_heap_bytes: int = 2 << 30) -> dict[str, Any]:
+    heap = "envoy.resource_monitors.fixed_heap"
+    return {
+        "refresh_interval": "0.25s",
+        "resource_monitors": [
+            {
+                "name": heap,
+                "typed_config": {
+                    "@type": TYPE + "envoy.extensions.resource_monitors.fixed_heap.v3.FixedHeapConfig",
+                    "max_heap_size_bytes": max_heap_bytes,
+                },
+            },
+            {
+                "name": "envoy.resource_monitors.global_downstream_max_connections",
+                "typed_config": {
+                    "@type": f"{TYPE}envoy.extensions.resource_monitors.{DOWNSTREAM_CONNECTIONS}",
+                    "max_active_downstream_connections": max_connections,
+                },
+            },
+        ],
+        "actions": [
+            {
+                "name": "envoy.overload_actions.shrink_heap",
+                "triggers": [{"name": heap, "threshold": {"value": 0.90}}],
+            },
+            {
+                "name": "envoy.overload_actions.stop_accepting_requests",
+                "triggers": [{"name": heap, "threshold": {"value": 0.95}}],
+            },
+        ],
+    }
+
+
+def layered_runtime() -> dict[str, Any]:
+    """The mutation rules' allow-list regex is over RE2's default size limit of 100 (Istio's
+    gateways raise it to 32,768 the same way)."""
+    return {
+        "layers": [
+            {"name": "static", "static_layer": {"re2.max_program_size.error_level": 1024}},
+            {"name": "admin", "admin_layer": {}},
+        ]
+    }
+
+
+def http_connection_manager(
+    route_config: dict[str, Any], http_filters: list[dict[str, Any]], idle_s: float = UPSTREAM_IDLE_S
+) -> dict[str, Any]:
+    return {
+        "@type": HCM,
+        "stat_prefix": "llm_gate",
+        # Append the peer address to x-forwarded-for, so the gate sees who connected
+        # (ratelimit.trusted_hops counts the proxies in front of Envoy).
+        "use_remote_address": True,
+        # Keep a client's x-request-id (it names the request in every log); make one otherwise.
+        "preserve_external_request_id": True,
+        "codec_type": "AUTO",
+        # Idle, not total: a streamed answer lives as long as tokens flow.
+        "stream_idle_timeout": f"{idle_s:g}s",
+        "request_headers_timeout": "10s",
+        # `x_gate_cluster` must not reach anything that folds `_` into `-`.
+        "common_http_protocol_options": {"headers_with_underscores_action": "DROP_HEADER"},
+        "early_header_mutation_extensions": strip_gate_headers(),
+        "local_reply_config": local_reply_config(),
+        "route_config": route_config,
+        "http_filters": http_filters,
+    }
 
 
 def bootstrap(
@@ -185,27 +273,22 @@ def bootstrap(
     default_pool: str = "primary",
     failure_mode_allow: bool = False,
     message_timeout_s: float = 35.0,
+    gate_streams: int = GATE_STREAMS,
+    idle_timeout_s: float = UPSTREAM_IDLE_S,
+    require_gate_route: bool = True,
 ) -> dict[str, Any]:
-    hcm = {
-        "@type": HCM,
-        "stat_prefix": "llm_gate",
-        # Append the peer address to x-forwarded-for, so the gate sees who connected
-        # (ratelimit.trusted_hops counts the proxies in front of Envoy).
-        "use_remote_address": True,
-        # A client's own x-request-id names its request end to end (gate, logs, SDK).
-        "preserve_external_request_id": True,
-        "codec_type": "AUTO",
-        "stream_idle_timeout": "300s",
-        "local_reply_config": local_reply_config(),
-        "route_config": {
-            "name": "llm",
-            "virtual_hosts": [{"name": "llm", "domains": ["*"], "routes": routes(list(pools), default_pool)}],
-        },
-        "http_filters": [
+    """`require_gate_route=False` lets unrouted chat requests through to the default pool (a
+    processor that never routes, as in benchmarks); fail-open implies it: that is its meaning."""
+    gated = bool(gate) and require_gate_route and not failure_mode_allow
+    vhost_routes = routes(list(pools), default_pool, gated=gated, idle_s=idle_timeout_s)
+    hcm = http_connection_manager(
+        {"name": "llm", "virtual_hosts": [{"name": "llm", "domains": ["*"], "routes": vhost_routes}]},
+        [
             *([ext_proc_filter(failure_mode_allow, message_timeout_s)] if gate else []),
             {"name": "envoy.filters.http.router", "typed_config": {"@type": ROUTER}},
         ],
-    }
+        idle_timeout_s,
+    )
     listener = {
         "name": "llm",
         "address": {"socket_address": {"address": listen[0], "port_value": listen[1]}},
@@ -214,17 +297,25 @@ def bootstrap(
             {"filters": [{"name": "envoy.filters.network.http_connection_manager", "typed_config": hcm}]}
         ],
     }
-    clusters = [gate_cluster(gate)] if gate else []
+    clusters = [gate_cluster(gate, gate_streams)] if gate else []
     clusters += [pool_cluster(n, a) for n, a in pools.items()]
     return {
         "admin": {"address": {"socket_address": {"address": admin[0], "port_value": admin[1]}}},
+        "overload_manager": overload_manager(),
+        "layered_runtime": layered_runtime(),
         "static_resources": {"listeners": [listener], "clusters": clusters},
     }
 
 
 def include_snippet(gate: list[tuple[str, int]], failure_mode_allow: bool = False) -> dict[str, Any]:
-    """Paste `http_filters[0]` before your router filter and add `clusters[0]`."""
-    return {"http_filters": [ext_proc_filter(failure_mode_allow, 35.0)], "clusters": [gate_cluster(gate)]}
+    """Paste `http_filters` (in order) before your router filter and add `clusters[0]`."""
+    return {
+        "http_filters": [ext_proc_filter(failure_mode_allow, 35.0)],
+        "clusters": [gate_cluster(gate)],
+        "early_header_mutation_extensions": strip_gate_headers(),
+        "local_reply_config": local_reply_config(),
+        "routes": routes(["primary", "fallback"], "primary", gated=not failure_mode_allow),
+    }
 
 
 def dump(doc: dict[str, Any], header: str = "") -> str:
@@ -237,20 +328,43 @@ def _address(text: str) -> tuple[str, int]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from . import envoy_istio
+
     parser = argparse.ArgumentParser(prog="llm-gate envoy-config", description=__doc__)
-    parser.add_argument("--listen", type=_address, default=("127.0.0.1", 10000))
-    parser.add_argument("--admin", type=_address, default=("127.0.0.1", 9901))
-    parser.add_argument("--gate", type=_address, action="append", help="gate endpoint; repeat per worker")
+    parser.add_argument("--listen", type=_address, default=("127.0.0.1", 10000), help="HOST:PORT for clients")
+    parser.add_argument(
+        "--admin", type=_address, default=("127.0.0.1", 9901), help="HOST:PORT of Envoy's admin"
+    )
+    parser.add_argument(
+        "--gate", type=_address, action="append", help="gate endpoint HOST:PORT; repeat per worker"
+    )
     parser.add_argument(
         "--pool",
         action="append",
         help="NAME=HOST:PORT[,HOST:PORT]; repeat per pool (default primary and fallback)",
     )
-    parser.add_argument("--default-pool", default="primary")
-    parser.add_argument("--failure-mode-allow", action="store_true")
-    parser.add_argument("--message-timeout", type=float, default=35.0)
+    parser.add_argument("--default-pool", default="primary", help="pool of the paths the gate passes through")
+    parser.add_argument(
+        "--failure-mode-allow", action="store_true", help="gate down: send requests upstream unchecked"
+    )
+    parser.add_argument(
+        "--message-timeout", type=float, default=35.0, help="seconds Envoy waits for each gate answer"
+    )
+    parser.add_argument(
+        "--gate-streams",
+        type=int,
+        default=GATE_STREAMS,
+        help="most concurrent requests (streams) to the gate",
+    )
     parser.add_argument("--include", action="store_true", help="write the include snippet instead")
-    parser.add_argument("--istio", action="store_true", help="write an Istio EnvoyFilter instead")
+    parser.add_argument(
+        "--istio",
+        choices=envoy_istio.VARIANTS,
+        nargs="?",
+        const="istioctl",
+        help="write the Istio objects for a gateway installed by istioctl, Helm or Gateway API",
+    )
+    parser.add_argument("--namespace", default="llm-gate", help="Istio: the gate's namespace")
     parser.add_argument("--out", type=Path, help="file to write (default: stdout)")
     args = parser.parse_args(argv)
     gate = args.gate or [("127.0.0.1", 50051)]
@@ -261,8 +375,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.include:
         text = dump(include_snippet(gate, args.failure_mode_allow), INCLUDE_HEADER)
     elif args.istio:
-        host, port = args.gate[0] if args.gate else ("llm-gate.llm-gate.svc.cluster.local", 50051)
-        text = dump(istio_envoyfilter(host, port, failure_mode_allow=args.failure_mode_allow), ISTIO_HEADER)
+        port = args.gate[0][1] if args.gate else 50051
+        text = envoy_istio.render(
+            args.istio,
+            gate_namespace=args.namespace,
+            gate_port=port,
+            failure_mode_allow=args.failure_mode_allow,
+        )
     else:
         doc = bootstrap(
             listen=args.listen,
@@ -272,6 +391,7 @@ def main(argv: list[str] | None = None) -> int:
             default_pool=args.default_pool,
             failure_mode_allow=args.failure_mode_allow,
             message_timeout_s=args.message_timeout,
+            gate_streams=args.gate_streams,
         )
         text = dump(doc, BOOTSTRAP_HEADER)
     if args.out:
@@ -285,84 +405,19 @@ BOOTSTRAP_HEADER = """\
 # Envoy in front of vLLM pools, with LLM Gate as its ext_proc service.
 # Generated by `llm-gate envoy-config`; edit the flags, not this file.
 # Clients → 127.0.0.1:10000; gate gRPC on 127.0.0.1:50051; pools `primary` and `fallback`.
-# The gate sets `x-gate-cluster` and Envoy routes on it; requests the gate does not
-# handle go to the default pool.
-"""
-
-ISTIO_HEADER = """\
-# LLM Gate on Istio: the ext_proc filter before the router of the ingress gateway, and
-# the gate's HTTP/2 cluster (a Service `llm-gate` in namespace `llm-gate`, port 50051).
-# Generated by `llm-gate envoy-config --istio --gate HOST:PORT`. Then route on the
-# `x-gate-cluster` header in your VirtualService (one http match per pool).
+# Envoy drops client-sent `x-gate-*` headers first; the gate sets `x-gate-cluster` and Envoy
+# routes on it. A chat or completions request the gate did not route gets a JSON 503; other
+# paths (which the gate passes through, e.g. /v1/models) go to the default pool.
 """
 
 INCLUDE_HEADER = """\
-# LLM Gate for your own Envoy: put `http_filters[0]` before the router filter of your
-# HTTP connection manager, add `clusters[0]`, and route on the `x-gate-cluster` header
-# (one route per pool cluster). Keep per_connection_buffer_limit_bytes at or above the
-# gate's validation.max_body_bytes (1 MiB by default).
-# For your pool clusters and routes, copy the retry_policy, circuit_breakers and
-# outlier_detection of envoy/envoy.yaml: the network-level layer beneath the gate's breaker,
-# and the HCM's local_reply_config, so Envoy's own errors are OpenAI-style JSON too.
+# LLM Gate for your own Envoy: put `http_filters[0]` before the router filter of your HTTP
+# connection manager, add `clusters[0]`, and route on the `x-gate-cluster` header as `routes`
+# shows (one route per pool cluster; rename the clusters to yours). Set the HCM's
+# `early_header_mutation_extensions` (drops client-sent `x-gate-*` before routing) and
+# `local_reply_config` (Envoy's own errors as OpenAI-style JSON) to these.
+# Keep per_connection_buffer_limit_bytes at or above the gate's validation.max_body_bytes
+# (1 MiB by default), and the runtime key re2.max_program_size.error_level at or above 1024
+# (the mutation rules' regex; Istio's gateways set 32768). For your pool clusters copy the
+# circuit_breakers and outlier_detection of envoy/envoy.yaml: the layer beneath the gate's breaker.
 """
-
-
-def istio_envoyfilter(
-    gate_host: str = "llm-gate.llm-gate.svc.cluster.local",
-    gate_port: int = 50051,
-    *,
-    namespace: str = "istio-system",
-    workload_labels: dict[str, str] | None = None,
-    context: str = "GATEWAY",
-    failure_mode_allow: bool = False,
-) -> dict[str, Any]:
-    """The same filter as an Istio EnvoyFilter: on the ingress gateway by default.
-
-    Route on `x-gate-cluster` with a VirtualService header match per pool.
-    """
-    cluster = {**gate_cluster([(gate_host, gate_port)]), "type": "STRICT_DNS"}
-    http_filter = {
-        "context": context,
-        "listener": {
-            "filterChain": {
-                "filter": {
-                    "name": "envoy.filters.network.http_connection_manager",
-                    "subFilter": {"name": "envoy.filters.http.router"},
-                }
-            }
-        },
-    }
-    patches = [
-        {
-            "applyTo": "HTTP_FILTER",
-            "match": http_filter,
-            "patch": {"operation": "INSERT_BEFORE", "value": ext_proc_filter(failure_mode_allow, 35.0)},
-        },
-        {
-            "applyTo": "CLUSTER",
-            "match": {"context": context},
-            "patch": {"operation": "ADD", "value": cluster},
-        },
-        {
-            "applyTo": "NETWORK_FILTER",
-            "match": {
-                "context": context,
-                "listener": {
-                    "filterChain": {"filter": {"name": "envoy.filters.network.http_connection_manager"}}
-                },
-            },
-            "patch": {
-                "operation": "MERGE",
-                "value": {"typed_config": {"@type": HCM, "local_reply_config": local_reply_config()}},
-            },
-        },
-    ]
-    return {
-        "apiVersion": "networking.istio.io/v1alpha3",
-        "kind": "EnvoyFilter",
-        "metadata": {"name": "llm-gate", "namespace": namespace},
-        "spec": {
-            "workloadSelector": {"labels": workload_labels or {"istio": "ingressgateway"}},
-            "configPatches": patches,
-        },
-    }

@@ -240,6 +240,7 @@ def run_variant(variant: Variant, work: Path, args: argparse.Namespace) -> dict[
             admin=(LOOPBACK, admin),
             gate=[(LOOPBACK, p) for p in gate_ports],
             pools={"primary": [(LOOPBACK, upstream)], "fallback": [(LOOPBACK, upstream)]},
+            require_gate_route=variant.ext_proc != "noop",  # the no-op processor routes nothing
         )
         doc["static_resources"]["listeners"].append(upstream_listener(upstream))
         h2 = envoy_config.gate_cluster([])["typed_extension_protocol_options"]

@@ -58,7 +58,7 @@ async def test_a_failing_stage_answers_500_or_is_skipped_by_its_policy(closed: b
     ("section", "priority", "expected"),
     [
         ("", "standard", None),  # 10 s queue + 10 s behind a leader + 5 s: within Envoy's 35 s
-        ("admission: {deadline_ms: {vip: 60000}}", "vip", 60.0),  # capped at max_message_timeout
+        ("admission: {deadline_ms: {vip: 300000}}", "vip", 240.0),  # capped at max_message_timeout
         ("admission: {deadline_ms: {standard: 20000}}", "standard", 45.0),
         ("server: {envoy_message_timeout_ms: 2000}", "standard", 25.0),
         ("admission: {enabled: false}\ncache: {enabled: false}", "standard", None),
