@@ -12,8 +12,9 @@ from difflib import SequenceMatcher
 
 import numpy as np
 
+from .align import ALIGN_FEATURES
 from .canonical import canonical
-from .guards import _content, tokens
+from .guards import _content, guard_verdict, swapped, tokens
 
 FEATURES = (
     "cosine",
@@ -22,6 +23,10 @@ FEATURES = (
     "sequence_ratio",
     "length_ratio",
     "unmatched_content",
+    "substitution",
+    "insertion",
+    "soft_differences",
+    *ALIGN_FEATURES,
 )
 
 
@@ -34,8 +39,10 @@ def _jaccard(a: set[str], b: set[str]) -> float:
     return len(a & b) / len(a | b) if a or b else 1.0
 
 
-def features(a: str, b: str, cosine: float) -> np.ndarray:
+def features(a: str, b: str, cosine: float, align: np.ndarray) -> np.ndarray:
+    """The verifier's inputs; ``align`` from :func:`extproc.dedup.align.alignment`."""
     ca, cb = canonical(a), canonical(b)
+    swap = swapped(a, b)
     ta, tb = tokens(a), tokens(b)
     ua, ub = _content(ta), _content(tb)
     miss_a = sum(1 for t in ua if t not in set(tb)) / max(len(ua), 1)
@@ -48,6 +55,10 @@ def features(a: str, b: str, cosine: float) -> np.ndarray:
             SequenceMatcher(None, ca, cb, autojunk=False).ratio(),
             min(len(ca), len(cb)) / max(len(ca), len(cb), 1),
             max(miss_a, miss_b),
+            float(swap == "substitution"),
+            float(swap == "insertion"),
+            float(guard_verdict(a, b, ())[1]),
+            *(float(v) for v in align),
         ],
         dtype=np.float64,
     )
