@@ -84,7 +84,12 @@ def canonical(text: str) -> str:
     base = _canonical(text)
     if "\n" in base:
         return base  # several lines: only the safe spelling layer
-    return _final_question(_polite(expand_contractions(base)))
+    line = expand_contractions(base)
+    while True:
+        shorter = _final_question(_polite(_final_question(line)))
+        if shorter == line:
+            return line
+        line = shorter
 
 
 def _canonical(text: str) -> str:

@@ -72,6 +72,7 @@ _SYNONYM_CLASSES: tuple[tuple[str, ...], ...] = (
     ("big", "large", "huge"),
     ("small", "little", "tiny"),
     ("fast", "quick", "quickly", "rapid"),
+    ("fastest", "quickest"),
     ("help", "assist"),
     ("fix", "repair"),
     ("photo", "picture", "image", "pic"),
