@@ -12,7 +12,14 @@ import numpy as np
 
 from .guards import _EN_FUNCTION, _ZH_FUNCTION
 
-ALIGN_FEATURES = ("align_f", "align_min", "align_worst", "align_second_worst", "align_unmatched", "align_loose")
+ALIGN_FEATURES = (
+    "align_f",
+    "align_min",
+    "align_worst",
+    "align_second_worst",
+    "align_unmatched",
+    "align_loose",
+)
 UNMATCHED_BELOW = 0.8  # a content piece whose best partner is less similar than this is unmatched
 LOOSE_BELOW = 0.9  # ... and one below this only loosely matched
 

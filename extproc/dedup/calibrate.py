@@ -92,10 +92,12 @@ def read_pairs(path: Path, kind: str, cut: float = 4.0, roles: Roles | None = No
     if kind == "binary":
         odd = next((x for x in labels if x not in (0.0, 1.0)), None)
         if odd is not None:
-            raise LabelError(f"{path.name}: binary labels must be 0 or 1, found {odd:g} (is it a :score file?)")
+            raise LabelError(
+                f"{path.name}: binary labels must be 0 or 1, found {odd:g} (is it a :score file?)"
+            )
         same = [x == 1.0 for x in labels]
     else:
-        if not (0.0 <= min(labels, default=0.0) and max(labels, default=5.0) <= 5.0):
+        if not (min(labels, default=0.0) >= 0.0 and max(labels, default=5.0) <= 5.0):
             raise LabelError(f"{path.name}: scores must lie in 0-5")
         if labels and all(x in (0.0, 1.0) for x in labels):
             raise LabelError(f"{path.name}: only 0/1 labels in a :score file; read it as :binary")
@@ -204,7 +206,9 @@ class Counted:
 def count(pred: np.ndarray, gold: np.ndarray) -> Counted:
     hits = int(pred.sum())
     tp = int((pred & gold).sum())
-    return Counted(tp / hits if hits else 1.0, wilson_lower(tp, hits), tp / max(int(gold.sum()), 1), hits, hits - tp)
+    return Counted(
+        tp / hits if hits else 1.0, wilson_lower(tp, hits), tp / max(int(gold.sum()), 1), hits, hits - tp
+    )
 
 
 def scores(d: Prepared, point: LanguagePoint) -> np.ndarray:
@@ -230,8 +234,15 @@ def fit_language(d: Prepared, swaps: tuple[str, ...], floor_quantile: float = 0.
         a, b = count(s[sel] >= t, d.gold[sel]), count(s[test] >= t, d.gold[test])
         curve.append(
             CurvePoint(
-                float(t), round(a.precision, 4), round(a.recall, 4), round(b.precision, 4), round(b.recall, 4),
-                b.hits, lower=round(a.lower, 4), hits=a.hits, test_lower=round(b.lower, 4),
+                float(t),
+                round(a.precision, 4),
+                round(a.recall, 4),
+                round(b.precision, 4),
+                round(b.recall, 4),
+                b.hits,
+                lower=round(a.lower, 4),
+                hits=a.hits,
+                test_lower=round(b.lower, 4),
             )
         )
     return replace(point, curve=tuple(curve))
@@ -267,7 +278,13 @@ def rows_for(d: Prepared, point: LanguagePoint, cos_grid: Sequence[float], role:
         if chosen.threshold is None:
             out.append(("guards+verifier", f"target {target:.2f}: none reached", count(e.near_exact, e.gold)))
             continue
-        out.append(("guards+verifier", f"target {target:.2f}: score>={chosen.threshold:.3f}", count(s >= chosen.threshold, e.gold)))
+        out.append(
+            (
+                "guards+verifier",
+                f"target {target:.2f}: score>={chosen.threshold:.3f}",
+                count(s >= chosen.threshold, e.gold),
+            )
+        )
     return out
 
 
@@ -279,7 +296,9 @@ def format_rows(title: str, rows: list[Row], n: int, positives: int) -> str:
         "|---|---|---:|---:|---:|---:|---:|",
     ]
     for method, op, c in rows:
-        lines.append(f"| {method} | {op} | {c.precision:.3f} | {c.lower:.3f} | {c.recall:.3f} | {c.hits} | {c.wrong} |")
+        lines.append(
+            f"| {method} | {op} | {c.precision:.3f} | {c.lower:.3f} | {c.recall:.3f} | {c.hits} | {c.wrong} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -309,7 +328,9 @@ def shipped_pairs(data: Path, lang: str) -> list[Pair]:
     return [p for s in SHIPPED[lang] for p in read_pairs(data / s.file, s.kind, 4.0, split_roles(*s.roles))]
 
 
-def rebuild_shipped(model_dir: Path | None, data: Path, out: Path, embedders: Sequence[str]) -> dict[str, object]:
+def rebuild_shipped(
+    model_dir: Path | None, data: Path, out: Path, embedders: Sequence[str]
+) -> dict[str, object]:
     from extproc.embed import load_embedder
 
     result: dict[str, dict[str, object]] = {}
@@ -323,8 +344,13 @@ def rebuild_shipped(model_dir: Path | None, data: Path, out: Path, embedders: Se
             result[name][lang] = language_point_json(fit_language(d, SWAPS[lang]))
     doc: dict[str, object] = {
         "about": "rebuilt by `python -m extproc.dedup.calibrate --rebuild-shipped`; see README",
-        "data": {lang: [f"{s.file} ({s.kind}; fit/select/test % = {s.roles[0]}/{s.roles[1]}/"
-                        f"{100 - sum(s.roles)})" for s in srcs] for lang, srcs in SHIPPED.items()},
+        "data": {
+            lang: [
+                f"{s.file} ({s.kind}; fit/select/test % = {s.roles[0]}/{s.roles[1]}/{100 - sum(s.roles)})"
+                for s in srcs
+            ]
+            for lang, srcs in SHIPPED.items()
+        },
         "min_hits": DEFAULT_MIN_HITS,
         "embedders": result,
     }
@@ -377,21 +403,33 @@ def main(argv: list[str] | None = None) -> int:
         point = fit_language(d, swaps)
         test = d.role == "test"
         title = f"{', '.join(str(p) for p, _ in specs)} [{lang}] with {args.embedder}, test role"
-        print(format_rows(title, rows_for(d, point, cos_grid_for(args.embedder)), int(test.sum()), int(d.gold[test].sum())))
+        print(
+            format_rows(
+                title,
+                rows_for(d, point, cos_grid_for(args.embedder)),
+                int(test.sum()),
+                int(d.gold[test].sum()),
+            )
+        )
         chosen = point.at(args.target, args.min_hits)
         cp = chosen.chosen()
         verdict = (
-            f"threshold {cp.threshold:.3f} (select: precision {cp.precision:.3f}, lower bound {cp.lower:.3f}, "
+            f"threshold {cp.threshold:.3f} (select: precision {cp.precision:.3f}, "
+            f"lower bound {cp.lower:.3f}, "
             f"{cp.hits} hits; test: precision {cp.test_precision:.3f}, lower bound {cp.test_lower:.3f}, "
             f"recall {cp.test_recall:.3f})"
             if cp is not None
             else "none reached: semantic off"
         )
-        print(f"[{lang}] target precision {args.target} (lower bound, >= {args.min_hits} hits): {verdict}; "
-              f"cosine floor {point.min_cosine:.2f}\n")
+        print(
+            f"[{lang}] target precision {args.target} (lower bound, >= {args.min_hits} hits): {verdict}; "
+            f"cosine floor {point.min_cosine:.2f}\n"
+        )
         doc[lang] = language_point_json(point)
     if args.out:
-        args.out.write_text(json.dumps({"embedders": {args.embedder: doc}}, indent=1) + "\n", encoding="utf-8")
+        args.out.write_text(
+            json.dumps({"embedders": {args.embedder: doc}}, indent=1) + "\n", encoding="utf-8"
+        )
         print(f"wrote {args.out}")
     return 0
 

@@ -27,7 +27,9 @@ DEFAULT_MIN_HITS = 30  # an operating point resting on fewer selection hits is n
 @dataclass(frozen=True)
 class Decision:
     same: bool
-    reason: str  # near-exact | semantic | off:<lang> | language | cosine | guard:<name> | no-states | verifier
+    reason: (
+        str  # near-exact | semantic | off:<lang> | language | cosine | guard:<name> | no-states | verifier
+    )
     score: float
 
 

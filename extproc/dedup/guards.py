@@ -289,7 +289,11 @@ _EN_FUNCTION = frozenset(
         "i'm",
     ]
 )
-_EN_FUNCTION = _EN_FUNCTION | AUXILIARIES | {"how", "what", "can", "could", "would", "should", "will", "us", "let", "know"}
+_EN_FUNCTION = (
+    _EN_FUNCTION
+    | AUXILIARIES
+    | {"how", "what", "can", "could", "would", "should", "will", "us", "let", "know"}
+)
 _ZH_FUNCTION = frozenset("的了吗呢吧啊呀嘛么哦啦哈我你您怎如何样咋啥请问下呐嗯个这那能会要可以是在有")
 _NUMERIC = re.compile(r"\d+|[零〇一二两三四五六七八九十百千万亿]")
 _TOKEN = re.compile(r"[a-z0-9]+(?:'[a-z]+)?|[\u3040-\u30ff\u3400-\u9fff\uf900-\ufaff\uac00-\ud7af]")
@@ -374,7 +378,9 @@ def _antonyms(a: str, b: str) -> bool:
     return antonym_flip(expand_contractions(canonical(a)), expand_contractions(canonical(b))) is not None
 
 
-_EN_DIRECTION = re.compile(r"\bfrom\s+(?:the\s+|my\s+|a\s+)?(\S+)\s+(?:\S+\s+)?(?:to|into)\s+(?:the\s+|my\s+|a\s+)?(\S+)")
+_EN_DIRECTION = re.compile(
+    r"\bfrom\s+(?:the\s+|my\s+|a\s+)?(\S+)\s+(?:\S+\s+)?(?:to|into)\s+(?:the\s+|my\s+|a\s+)?(\S+)"
+)
 _ZH_DIRECTION = re.compile(r"从(\S{1,6}?)(?:转到|转入|转|到|至)(\S{1,6})")
 
 

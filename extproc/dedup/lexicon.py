@@ -37,10 +37,33 @@ CONTRACTIONS: dict[str, str] = {
 _SUFFIXES = (("n't", " not"), ("'re", " are"), ("'ve", " have"), ("'ll", " will"), ("'d", " would"))
 
 AUXILIARIES = frozenset(
-    "do does did doing done can could may might will would shall should am is are was were be been being "
-    "have has had".split()
+    [
+        "do",
+        "does",
+        "did",
+        "doing",
+        "done",
+        "can",
+        "could",
+        "may",
+        "might",
+        "will",
+        "would",
+        "shall",
+        "should",
+        "am",
+        "is",
+        "are",
+        "was",
+        "were",
+        "be",
+        "been",
+        "being",
+        "have",
+        "has",
+        "had",
+    ]
 )
-ZH_AUXILIARIES = ("可以", "能够", "可不可以", "能不能", "是否", "会", "能", "要", "需要", "得")
 
 _SYNONYM_CLASSES: tuple[tuple[str, ...], ...] = (
     # Chinese (customer service and general)

@@ -43,7 +43,9 @@ def _load(file: Path) -> StateStore | None:
     with np.load(file, allow_pickle=False) as z:
         texts = z["texts"].tolist()
         pieces = [tuple(p.split(_SEP)) if p else () for p in z["pieces"].tolist()]
-        return StateStore({t: i for i, t in enumerate(texts)}, z["vectors"], pieces, z["offsets"], z["tokens"])
+        return StateStore(
+            {t: i for i, t in enumerate(texts)}, z["vectors"], pieces, z["offsets"], z["tokens"]
+        )
 
 
 def read_states(embedder: object, texts: list[str], cache: Path | None, batch: int = 256) -> StateStore:
@@ -68,7 +70,10 @@ def read_states(embedder: object, texts: list[str], cache: Path | None, batch: i
         for s in states:
             new_pieces.append(s.pieces)
             new_tok.append(s.vectors.astype(np.float16))
-    print(f"  read {len(missing)} texts with {embedder.name} in {time.perf_counter() - t0:.1f}s", file=sys.stderr)
+    print(
+        f"  read {len(missing)} texts with {embedder.name} in {time.perf_counter() - t0:.1f}s",
+        file=sys.stderr,
+    )
     all_texts = (list(known) if old is not None else []) + missing
     vectors = np.concatenate(([old.vectors] if old is not None else []) + new_vec)
     pieces = (old.pieces if old is not None else []) + new_pieces

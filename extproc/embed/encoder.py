@@ -196,9 +196,9 @@ def hidden_output(model: object) -> str:
 
 def _piece_texts(tokenizer: E5Pieces | HFTokenizer, ids: Sequence[int]) -> list[str]:
     if isinstance(tokenizer, E5Pieces):
-        sp = tokenizer._sp  # noqa: SLF001 - the tokenizer's own vocabulary
+        sp = tokenizer._sp
         return [str(sp.id_to_piece(int(i))) for i in ids]
-    tok = tokenizer._tok  # noqa: SLF001
+    tok = tokenizer._tok
     return [str(tok.id_to_token(int(i)) or "") for i in ids]
 
 
@@ -234,7 +234,9 @@ class TokenReader:
         so.inter_op_num_threads = 1
         so.log_severity_level = 3
         so.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        self._session = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+        self._session = ort.InferenceSession(
+            model.SerializeToString(), so, providers=["CPUExecutionProvider"]
+        )
         self._emb = embedder
         self._prefix = _prefix_pieces(embedder)
 
@@ -252,9 +254,9 @@ class TokenReader:
                 ids[row, : len(seq)] = seq
                 mask[row, : len(seq)] = 1
             feed = {"input_ids": ids, "attention_mask": mask}
-            if "token_type_ids" in emb._inputs:  # noqa: SLF001
+            if "token_type_ids" in emb._inputs:
                 feed["token_type_ids"] = np.zeros_like(ids)
-            pooled, hidden = self._session.run([emb._output, self.hidden], feed)  # noqa: SLF001
+            pooled, hidden = self._session.run([emb._output, self.hidden], feed)
             y = np.asarray(pooled, dtype=np.float32)
             vectors[chunk] = y / np.maximum(np.linalg.norm(y, axis=1, keepdims=True), 1e-12)
             h = np.asarray(hidden, dtype=np.float32)
@@ -263,5 +265,7 @@ class TokenReader:
                 lo, hi = 1 + self._prefix, len(seq) - 1  # drop [bos]/[CLS], prefix, [eos]/[SEP]
                 tok = h[row, lo:hi]
                 tok = tok / np.maximum(np.linalg.norm(tok, axis=1, keepdims=True), 1e-12)
-                states[i] = TokenStates(tuple(_piece_texts(emb.tokenizer, seq[lo:hi])), tok.astype(np.float32))
+                states[i] = TokenStates(
+                    tuple(_piece_texts(emb.tokenizer, seq[lo:hi])), tok.astype(np.float32)
+                )
         return vectors, [s for s in states if s is not None]

@@ -100,12 +100,23 @@ ZH_ANTONYM_PAIRS = [
 ]
 
 EN_DIRECTION = [
-    ("savings", "checking"), ("PayPal", "my bank"), ("USD", "EUR"), ("Android", "iPhone"),
-    ("Word", "PDF"), ("London", "Paris"), ("my card", "my wallet"), ("Celsius", "Fahrenheit"),
+    ("savings", "checking"),
+    ("PayPal", "my bank"),
+    ("USD", "EUR"),
+    ("Android", "iPhone"),
+    ("Word", "PDF"),
+    ("London", "Paris"),
+    ("my card", "my wallet"),
+    ("Celsius", "Fahrenheit"),
 ]
 EN_DIRECTION_T = ["How do I move money from {} to {}?", "How long does a transfer from {} to {} take?"]
 ZH_DIRECTION = [
-    ("余额宝", "银行卡"), ("花呗", "借呗"), ("支付宝", "微信"), ("银行卡", "余额"), ("北京", "上海"), ("零钱", "余额宝"),
+    ("余额宝", "银行卡"),
+    ("花呗", "借呗"),
+    ("支付宝", "微信"),
+    ("银行卡", "余额"),
+    ("北京", "上海"),
+    ("零钱", "余额宝"),
 ]
 ZH_DIRECTION_T = ["怎么从{}转到{}", "从{}转到{}要多久"]
 
@@ -172,7 +183,11 @@ EN_AMOUNT = [
     ("It costs 30 {}, is that fair?", ("dollars", "euros")),
     ("Can I pay in {} at the airport?", ("yen", "pounds")),
 ]
-ZH_AMOUNT = [("收费30{}吗", ("元", "美元")), ("能用{}支付吗", ("人民币", "港币")), ("汇率是多少{}", ("美元", "欧元"))]
+ZH_AMOUNT = [
+    ("收费30{}吗", ("元", "美元")),
+    ("能用{}支付吗", ("人民币", "港币")),
+    ("汇率是多少{}", ("美元", "欧元")),
+]
 
 EN_ID = [
     ("Where is order {}?", ("A12345", "A12346")),
@@ -238,12 +253,22 @@ def should_miss() -> list[Row]:
     for t, (x, y) in itertools.product(ZH_DIRECTION_T, ZH_DIRECTION):
         rows.append(("zh", "direction", t.format(x, y), t.format(y, x)))
     for lang, kind, table in (
-        ("en", "number", EN_NUMBER), ("zh", "number", ZH_NUMBER), ("en", "date", EN_DATE), ("zh", "date", ZH_DATE),
-        ("en", "amount", EN_AMOUNT), ("zh", "amount", ZH_AMOUNT), ("en", "id", EN_ID), ("zh", "id", ZH_ID),
+        ("en", "number", EN_NUMBER),
+        ("zh", "number", ZH_NUMBER),
+        ("en", "date", EN_DATE),
+        ("zh", "date", ZH_DATE),
+        ("en", "amount", EN_AMOUNT),
+        ("zh", "amount", ZH_AMOUNT),
+        ("en", "id", EN_ID),
+        ("zh", "id", ZH_ID),
     ):
         rows += [(lang, kind, t.format(x), t.format(y)) for t, (x, y) in table]
-    for lang, kind, ents in (("en", "entity", EN_ENTITY), ("zh", "entity", ZH_ENTITY),
-                             ("en", "action", EN_ACTIONS), ("zh", "action", ZH_ACTIONS)):
+    for lang, kind, ents in (
+        ("en", "entity", EN_ENTITY),
+        ("zh", "entity", ZH_ENTITY),
+        ("en", "action", EN_ACTIONS),
+        ("zh", "action", ZH_ACTIONS),
+    ):
         for t, names in ents:
             rows += [(lang, kind, t.format(x), t.format(y)) for x, y in itertools.combinations(names, 2)]
     return rows
@@ -335,7 +360,11 @@ EN_VARIANTS = [  # (a, b, kind)
     ("How do I change my profile picture?", "How do I change my profile photo?", "synonym"),
     ("How do I modify my order?", "How do I change my order?", "synonym"),
     ("How do I get a refund?", "How do I receive a refund?", "synonym"),
-    ("What is the fastest way to reach the airport?", "What is the quickest way to reach the airport?", "synonym"),
+    (
+        "What is the fastest way to reach the airport?",
+        "What is the quickest way to reach the airport?",
+        "synonym",
+    ),
     ("How do I fix this error?", "How do I fix this issue?", "synonym"),
     ("Tomorrow, what is the weather in Berlin?", "What is the weather in Berlin tomorrow?", "order"),
     ("For my account, how do I reset the password?", "How do I reset the password for my account?", "order"),
