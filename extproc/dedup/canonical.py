@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import re
 import unicodedata
+from functools import lru_cache
 
 from .lexicon import expand_contractions
 
@@ -79,6 +80,7 @@ def _final_question(line: str) -> str:
     return line
 
 
+@lru_cache(maxsize=8192)  # the guards and features ask for one prompt's form many times
 def canonical(text: str) -> str:
     """The near-exact form (see the module doc)."""
     base = _canonical(text)

@@ -23,6 +23,7 @@ FEATURES = (
     "sequence_ratio",
     "length_ratio",
     "unmatched_content",
+    "extra_content_words",
     "substitution",
     "insertion",
     "soft_differences",
@@ -45,8 +46,9 @@ def features(a: str, b: str, cosine: float, align: np.ndarray) -> np.ndarray:
     swap = swapped(a, b)
     ta, tb = tokens(a), tokens(b)
     ua, ub = _content(ta), _content(tb)
-    miss_a = sum(1 for t in ua if t not in set(tb)) / max(len(ua), 1)
-    miss_b = sum(1 for t in ub if t not in set(ta)) / max(len(ub), 1)
+    extra_a = sum(1 for t in ua if t not in set(tb))
+    extra_b = sum(1 for t in ub if t not in set(ta))
+    miss_a, miss_b = extra_a / max(len(ua), 1), extra_b / max(len(ub), 1)
     return np.array(
         [
             cosine,
@@ -55,6 +57,7 @@ def features(a: str, b: str, cosine: float, align: np.ndarray) -> np.ndarray:
             SequenceMatcher(None, ca, cb, autojunk=False).ratio(),
             min(len(ca), len(cb)) / max(len(ca), len(cb), 1),
             max(miss_a, miss_b),
+            float(min(extra_a + extra_b, 8)),
             float(swap == "substitution"),
             float(swap == "insertion"),
             float(guard_verdict(a, b, ())[1]),
