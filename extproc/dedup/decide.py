@@ -1,8 +1,11 @@
 """``decide(query, candidate, cosine, policy)``: is the cached candidate the same question?
 
 Layers, cheapest and safest first: canonical text equal (near-exact, no model involved);
-then, only for a language whose operating point reached the precision target on held-out
-pairs, the semantic layer: cosine floor, guards (any one vetoes), the fitted verifier.
+then, only for a language whose operating point reached the precision target (on the 95%
+lower bound, with enough hits), the semantic layer: cosine floor, guards (a hard veto for
+polarity, direction, ids, amounts, and any value changed in an otherwise identical prompt;
+a detail only one side of a rewrite mentions is a scored feature), then the fitted verifier
+over lexical and token-alignment features (``align`` from the embedder's token states).
 The caller checks ``Embedder.can_read`` before it embeds; unreadable text never gets here.
 """
 
