@@ -1,12 +1,13 @@
-"""Evaluate semantic dedup: precision (wrong answers served) and recall (duplicates caught).
+"""Evaluate semantic dedup on held-out pairs: precision (with its 95% lower bound) and recall.
 
     python load/eval_dedup.py [--model-dir DIR] [--data DIR] [--out load/results/dedup_eval.md]
 
-Both embedders x {cosine, cosine+guards, cosine+guards+verifier} at several operating points,
-on the held-out test split (25% of pairs by a hash of their text; never used for fitting or for
-choosing a threshold) of ATEC (zh customer service), STS-B zh and STS-B en (score >= 4 = same).
-Uses the shipped verifier (extproc/dedup/verifier.json) and the subsamples it was built from.
-Embeddings are cached next to the models (eval-cache/), so a rerun takes seconds.
+Uses the shipped calibration (extproc/dedup/verifier.json, rebuilt by
+``python -m extproc.dedup.calibrate --rebuild-shipped``). English: fitted and thresholded on
+STS-B train, reported on all of STS-B dev (score >= 4 = same). Chinese: ATEC split by a fixed
+hash of the pair: 40% fit, 20% select, 40% held out and reported here. Then the project's own
+should-miss / should-hit sets (tests/dedup/data) at the shipped defaults, and the decision's cost.
+Embeddings and token states are cached next to the models (eval-cache/), so a rerun is quick.
 """
 
 from __future__ import annotations
@@ -14,56 +15,204 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections import Counter
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from extproc.dedup.align import alignment
 from extproc.dedup.calibrate import (
-    SHIPPED_SETS,
-    Prepared,
+    SHIPPED,
+    Counted,
     cache_dir,
     cos_grid_for,
+    count,
     default_data_dir,
     format_rows,
-    precision_recall,
     prepare,
-    read_pairs,
     rows_for,
-    score_pairs,
-    subsample,
+    scores,
+    shipped_pairs,
 )
-from extproc.dedup.decide import DEFAULT_TARGET, LanguagePoint, load_policy
+from extproc.dedup.canonical import canonical
+from extproc.dedup.decide import DEFAULT_TARGET, LanguagePoint, Policy, decide, load_policy
+from extproc.dedup.states import StateStore, read_states
 from extproc.embed import load_embedder
+from extproc.embed.encoder import OnnxEmbedder
 
 EMBEDDERS = ("e5-small", "minilm")
+SETS = Path(__file__).resolve().parents[1] / "tests" / "dedup" / "data"
+TEST_ROLE = {"en": "STS-B en dev (all 1,500 pairs)", "zh": "ATEC held-out 40% (by hash)"}
 
 
-def blind_rows(d: Prepared, grid: tuple[float, ...]) -> list[tuple[str, str, float, float, int]]:
-    """Cosine alone if can_read were ignored (what the semantic layer would do without it)."""
-    m = d.split == "test"
-    return [
-        ("cosine, can_read ignored", f"cos>={t:.2f}", *precision_recall(d.cosine[m] >= t, d.gold[m]))
-        for t in grid
+def read_set(name: str) -> list[tuple[str, str, str, str]]:
+    rows = (SETS / name).read_text(encoding="utf-8").splitlines()
+    return [(r[0], r[1], r[2], r[3]) for r in (line.split("\t") for line in rows)]
+
+
+def fmt(c: Counted) -> str:
+    return f"{c.precision:.3f} (LB {c.lower:.3f}), recall {c.recall:.3f}, {c.hits} hits / {c.wrong} wrong"
+
+
+def held_out(name: str, emb: OnnxEmbedder, lang: str, point: LanguagePoint, data: Path) -> tuple[str, str]:
+    """(per-set table, default-table row) on the test role."""
+    d = prepare(emb, shipped_pairs(data, lang), point.swaps, cache_dir())
+    test = d.role == "test"
+    e = d.only(test)
+    table = format_rows(
+        f"{name} · {lang} · {TEST_ROLE[lang]}",
+        rows_for(d, replace(point, threshold=None), cos_grid_for(name)),
+        int(test.sum()),
+        int(e.gold.sum()),
+    )
+    s = scores(e, point)
+    curve = [
+        "| verifier score >= | precision | 95% LB | recall | hits | wrong |",
+        "|---:|---:|---:|---:|---:|---:|",
     ]
+    best: tuple[float, Counted] | None = None
+    for t in np.round(np.arange(0.5, 1.0, 0.025), 3):
+        c = count(s >= t, e.gold)
+        curve.append(
+            f"| {t:.3f} | {c.precision:.3f} | {c.lower:.3f} | {c.recall:.3f} | {c.hits} | {c.wrong} |"
+        )
+        if c.lower >= DEFAULT_TARGET and (best is None or c.recall > best[1].recall):
+            best = (float(t), c)
+    chosen = point.at(DEFAULT_TARGET)
+    cp = chosen.chosen()
+    at_default = count(s >= chosen.threshold, e.gold) if chosen.threshold is not None else None
+    best_sel = max((c for c in point.curve if c.hits >= 30), key=lambda c: (c.lower, c.recall), default=None)
+    state = "**on**" if at_default is not None else "off"
+    row = (
+        f"| {name} | {lang} | {point.min_cosine:.2f} | "
+        + (
+            f"{cp.threshold:.3f}: {cp.precision:.3f} (LB {cp.lower:.3f}), {cp.hits} hits"
+            if cp is not None
+            else "none reached"
+            + (
+                f" (best: {best_sel.precision:.3f}, LB {best_sel.lower:.3f} on {best_sel.hits} hits)"
+                if best_sel
+                else ""
+            )
+        )
+        + f" | {fmt(at_default) if at_default is not None else '—'} | "
+        + (f"{best[0]:.3f}: {fmt(best[1])}" if best else "no point reaches LB 0.95")
+        + f" | {state} |"
+    )
+    if lang == "zh":
+        dup, non = e.cosine[e.gold], e.cosine[~e.gold]
+        why = (
+            f"\nWhy Chinese stays off: on these held-out ATEC pairs {name}'s cosine barely separates the "
+            f"classes (median {np.median(dup):.3f} for duplicates, {np.median(non):.3f} for the rest); "
+            "the token alignments see which words differ but not whether the difference matters in a "
+            "customer-service question (花呗 vs 借呗 matter, 还不了 vs 不能还 do not), and ATEC's "
+            "duplicates are loose rewrites. The best selection point stays far below a 0.95 lower bound, "
+            "so the layer is off for zh by default; a pair classifier trained on such pairs is the next "
+            "step.\n"
+        )
+        table += why
+    text = table + "\nVerifier score curve on the same held-out pairs (reported, never used to choose):\n\n"
+    return text + "\n".join(curve) + "\n", row
 
 
-def default_row(name: str, lang: str, point: LanguagePoint | None) -> str:
-    if point is None:
-        return f"| {name} | {lang} | — | — | — | — | off: {name} cannot read {lang} |"
+def own_sets(
+    policies: dict[str, Policy], embs: dict[str, OnnxEmbedder], label: str, en_on: str = "minilm"
+) -> str:
+    """Should-miss served and should-hit caught, per language and kind, with real cosines/states."""
+    lines = [
+        f"#### {label}",
+        "",
+        "| set | lang | kind | pairs | judged same | reasons |",
+        "|---|---|---|---:|---:|---|",
+    ]
+    for fname, want_same in (("should_miss.tsv", False), ("should_hit.tsv", True)):
+        rows = read_set(fname)
+        groups: dict[tuple[str, str], list[tuple[bool, str]]] = {}
+        for lang, kind, a, b in rows:
+            name = "e5-small" if lang == "zh" else en_on
+            emb, policy = embs[name], policies[name]
+            same, reason = _judge(emb, policy, a, b)
+            groups.setdefault((lang, kind), []).append((same, reason))
+        total = sum(len(v) for v in groups.values())
+        judged = sum(s for v in groups.values() for s, _ in v)
+        for (lang, kind), v in sorted(groups.items()):
+            reasons = Counter(r for _, r in v).most_common(3)
+            lines.append(
+                f"| {fname.split('.')[0]} | {lang} | {kind} | {len(v)} | {sum(s for s, _ in v)} | "
+                + ", ".join(f"{r} {n}" for r, n in reasons)
+                + " |"
+            )
+        verdict = (
+            f"**{judged} of {total} served**"
+            if not want_same
+            else f"**recall {judged / max(total, 1):.3f} ({judged} of {total})**"
+        )
+        lines.append(f"| {fname.split('.')[0]} | all | all | {total} | {judged} | {verdict} |")
+    return "\n".join(lines) + "\n"
 
-    def at(target: float) -> str:
-        chosen = point.at(target)
-        cp = next((c for c in point.curve if c.threshold == chosen.threshold), None)
-        if cp is None:
-            return "none reached"
-        return f"{cp.threshold:.2f}, {cp.test_precision:.3f} / {cp.test_recall:.3f}"
 
-    seen = [c for c in point.curve if c.test_hits >= 10]
-    best = max(seen, key=lambda c: (c.test_precision, c.test_recall), default=None)
-    best_txt = "—" if best is None else f"{best.test_precision:.3f}, {best.test_recall:.3f}"
-    state = "on" if point.at(DEFAULT_TARGET).threshold is not None else "off (target not reached)"
-    return f"| {name} | {lang} | {point.min_cosine:.2f} | {at(0.95)} | {at(0.99)} | {best_txt} | {state} |"
+_STORES: dict[str, StateStore] = {}
+
+
+def _judge(emb: OnnxEmbedder, policy: Policy, a: str, b: str) -> tuple[bool, str]:
+    if not (emb.can_read(a) and emb.can_read(b)):
+        d = decide(a, b, 0.0, Policy(policy.embedder))  # near-exact only: the gate skips the model
+        return d.same, d.reason if d.same else "unreadable"
+    store = _STORES.setdefault(emb.name, read_states(emb, [a, b], None))
+    if a not in store.index or b not in store.index:
+        store = _STORES[emb.name] = read_states(emb, [a, b], None)
+    cos = float(store.vector(a) @ store.vector(b))
+    pa, sa = store.states(a)
+    pb, sb = store.states(b)
+    d = decide(a, b, cos, policy, alignment(pa, sa, pb, sb))
+    return d.same, d.reason
+
+
+def warm_sets(embs: dict[str, OnnxEmbedder]) -> None:
+    rows = read_set("should_miss.tsv") + read_set("should_hit.tsv")
+    for name, emb in embs.items():
+        texts = sorted({t for _, _, a, b in rows for t in (a, b) if emb.can_read(t)})
+        _STORES[name] = read_states(emb, texts, None)
+
+
+def decision_cost(emb: OnnxEmbedder, policy: Policy) -> str:
+    """Per candidate, beside the embedding: alignment from token states + guards + features + score."""
+    rows = read_set("should_miss.tsv") + read_set("should_hit.tsv")
+    pairs = [
+        (a, b) for _, _, a, b in rows if emb.can_read(a) and emb.can_read(b) and canonical(a) != canonical(b)
+    ]
+    store = _STORES[emb.name]
+    forced = Policy(
+        policy.embedder,
+        policy.target,
+        {k: replace(v, threshold=v.threshold or 0.99, min_cosine=0.0) for k, v in policy.languages.items()},
+    )
+    took = []
+    for a, b in pairs * 3:
+        cos = float(store.vector(a) @ store.vector(b))
+        pa, sa = store.states(a)
+        pb, sb = store.states(b)
+        t0 = time.perf_counter()
+        decide(a, b, cos, forced, alignment(pa, sa, pb, sb))
+        took.append(time.perf_counter() - t0)
+    ms = np.array(took) * 1000
+    texts = sorted({t for p in pairs[:64] for t in p})
+    reader = emb.token_reader()
+    t0 = time.perf_counter()
+    for t in texts:
+        reader.read([t])
+    per_text = (time.perf_counter() - t0) / len(texts) * 1000
+    t0 = time.perf_counter()
+    for t in texts:
+        emb.embed_sync([t])
+    per_embed = (time.perf_counter() - t0) / len(texts) * 1000
+    return (
+        f"| {emb.name} | {len(took)} | {np.percentile(ms, 50):.3f} | {np.percentile(ms, 99):.3f} | "
+        f"{per_embed:.2f} | {per_text:.2f} |"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -74,59 +223,65 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     data = args.data or default_data_dir()
     t0 = time.perf_counter()
-
-    parts = [
-        "# Semantic dedup evaluation\n",
-        "Held-out test split only (25% of each set by a hash of the pair; the verifier was fitted on another "
-        "50% and thresholds chosen on the remaining 25%). STS-B: score >= 4.0 counts as the same question. "
-        "Precision = share of hits that were truly the same (1 - wrong answers served); recall = share of "
-        "true duplicates caught. `hits` = pairs judged the same. Near-exact (canonical text equal) pairs "
-        "count as hits in every row. Generated by `python load/eval_dedup.py`.\n",
-    ]
+    embs = {name: load_embedder(name, args.model_dir) for name in EMBEDDERS}
+    shipped = {name: load_policy(name) for name in EMBEDDERS}
+    tables: list[str] = []
     defaults = [
-        "| embedder | language | cosine floor | @0.95: threshold, test P / R | @0.99: threshold, test P / R "
-        "| best test precision (>= 10 hits), its recall | semantic by default |",
+        "| embedder | language | cosine floor | shipped point (selection: precision, LB, hits) "
+        "| at the shipped point, held out | best held-out point with LB >= 0.95 (reported only) "
+        "| semantic by default |",
         "|---|---|---:|---|---|---|---|",
     ]
     for name in EMBEDDERS:
-        emb = load_embedder(name, args.model_dir)
-        full = load_policy(name, 0.0)  # every curve, unthresholded
-        for lang, files in SHIPPED_SETS.items():
+        full = load_policy(name, 0.0)
+        for lang in SHIPPED:
             point = full.languages.get(lang)
-            for fname, n in files:
-                if fname.endswith(".train.tsv"):
-                    continue  # reported through the language total below
-                pairs = subsample(read_pairs(data / fname), n)
-                d = prepare(score_pairs(emb, pairs, cache_dir()))
-                test = d.split == "test"
-                title = f"{name} · {fname}"
-                if point is None:
-                    rows = blind_rows(d, cos_grid_for(name))
-                    parts.append(
-                        format_rows(
-                            title + " (embedder cannot read this language: semantic layer never runs)",
-                            rows,
-                            int(test.sum()),
-                            int(d.gold[test].sum()),
-                        )
-                    )
-                    continue
-                parts.append(
-                    format_rows(
-                        title,
-                        rows_for(d, replace(point, threshold=None), cos_grid_for(name)),
-                        int(test.sum()),
-                        int(d.gold[test].sum()),
-                    )
-                )
-            defaults.append(default_row(name, lang, full.languages.get(lang)))
-    parts.insert(
-        1,
-        "## Chosen defaults (precision target 0.95, all zh sets / all en sets together)\n\n"
-        + "\n".join(defaults)
-        + "\n",
+            if point is None:
+                defaults.append(f"| {name} | {lang} | — | — | — | — | off: {name} cannot read {lang} |")
+                continue
+            point = replace(point, threshold=shipped[name].languages[lang].threshold)
+            table, row = held_out(name, embs[name], lang, point, data)
+            tables.append(table)
+            defaults.append(row)
+    warm_sets(embs)
+    looser = {name: load_policy(name, 0.8) for name in EMBEDDERS}
+    sets = own_sets(shipped, embs, "At the shipped defaults, en on minilm (the gate's default embedder)")
+    sets_e5 = own_sets(
+        shipped, embs, "At the shipped defaults, en on e5-small (a profile choosing e5-small)", "e5-small"
     )
-    parts.insert(2, "## Per set\n")
+    sets_loose = own_sets(
+        looser, embs, "For comparison: target 0.80 (not shipped), en on e5-small", "e5-small"
+    )
+    cost = [
+        "| embedder | decisions timed | p50 ms | p99 ms | embed one text, ms "
+        "| embed + token states one text, ms |",
+        "|---|---:|---:|---:|---:|---:|",
+    ] + [decision_cost(embs[n], looser[n]) for n in EMBEDDERS]
+    parts = [
+        "# Semantic dedup evaluation\n",
+        "Generated by `python load/eval_dedup.py` from the shipped calibration "
+        "(`python -m extproc.dedup.calibrate --rebuild-shipped`). Every precision comes with its 95% "
+        "Wilson lower bound (LB). English: verifier fitted on 60% of STS-B train, threshold chosen on the "
+        "other 40%, reported on all of STS-B dev (score >= 4.0 = same). Chinese: ATEC split by a hash of "
+        "the pair, 40% fit / 20% select / 40% held out (reported). A language is on by default when its "
+        "selection lower bound reaches 0.95 on at least 30 hits. Near-exact pairs count as hits in every "
+        "row.\n",
+        "## Defaults\n",
+        "\n".join(defaults) + "\n",
+        "## The project's own pair sets (tests/dedup/data, real embeddings; zh always on e5-small)\n",
+        sets,
+        sets_e5,
+        sets_loose,
+        "## Decision cost per candidate beside the embedding (rough: 2 shared cores)\n",
+        "Alignment (from token states) + guards + features + verifier score, per candidate pair that is not "
+        "near-exact (the own sets' should-miss pairs and the should-hit pairs that reach the verifier). "
+        "The last "
+        "two columns are the model's cost per text, for scale: reading token states rides on the same "
+        "forward pass as the embedding.\n",
+        "\n".join(cost) + "\n",
+        "## Held-out tables\n",
+        *tables,
+    ]
     text = "\n".join(parts)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(text, encoding="utf-8")

@@ -1,8 +1,11 @@
 """``decide(query, candidate, cosine, policy)``: is the cached candidate the same question?
 
 Layers, cheapest and safest first: canonical text equal (near-exact, no model involved);
-then, only for a language whose operating point reached the precision target on held-out
-pairs, the semantic layer: cosine floor, guards (any one vetoes), the fitted verifier.
+then, only for a language whose operating point reached the precision target (on the 95%
+lower bound, with enough hits), the semantic layer: cosine floor, guards (a hard veto for
+polarity, direction, ids, amounts, and any value changed in an otherwise identical prompt;
+a detail only one side of a rewrite mentions is a scored feature), then the fitted verifier
+over lexical and token-alignment features (``align`` from the embedder's token states).
 The caller checks ``Embedder.can_read`` before it embeds; unreadable text never gets here.
 """
 
@@ -13,29 +16,37 @@ from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
 
+import numpy as np
+
 from .canonical import canonical
 from .guards import guard
 from .lang import language
 from .verifier import Verifier, features
 
 DEFAULT_TARGET = 0.95
+DEFAULT_MIN_HITS = 30  # an operating point resting on fewer selection hits is not trusted
 
 
 @dataclass(frozen=True)
 class Decision:
     same: bool
-    reason: str  # near-exact | semantic | off:<lang> | language | cosine | guard:<name> | verifier
+    reason: (
+        str  # near-exact | semantic | off:<lang> | language | cosine | guard:<name> | no-states | verifier
+    )
     score: float
 
 
 @dataclass(frozen=True)
 class CurvePoint:
     threshold: float  # on the verifier score
-    precision: float  # on the selection split (chooses the point)
+    precision: float  # on the selection pairs (its lower bound chooses the point)
     recall: float
-    test_precision: float  # on the test split (reported; must also reach the target)
+    test_precision: float  # on the held-out test pairs (reported)
     test_recall: float
     test_hits: int
+    lower: float = 0.0  # 95% Wilson lower bound of the selection precision
+    hits: int = 0  # selection hits
+    test_lower: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -48,15 +59,15 @@ class LanguagePoint:
     threshold: float | None = None  # None: semantic matching off for this language
     swaps: tuple[str, ...] = ("substitution", "insertion")
 
-    def at(self, target: float, min_hits: int = 10) -> LanguagePoint:
-        """The loosest threshold whose selection and test precision both reach ``target``."""
-        ok = [
-            p
-            for p in self.curve
-            if p.precision >= target and p.test_precision >= target and p.test_hits >= min_hits
-        ]
+    def at(self, target: float, min_hits: int = DEFAULT_MIN_HITS) -> LanguagePoint:
+        """The loosest threshold whose selection precision has a 95% lower bound at or above
+        ``target`` on at least ``min_hits`` hits (the test pairs only report it)."""
+        ok = [p for p in self.curve if p.lower >= target and p.hits >= min_hits]
         best = min(ok, key=lambda p: p.threshold, default=None)
         return replace(self, threshold=None if best is None else best.threshold)
+
+    def chosen(self) -> CurvePoint | None:
+        return next((c for c in self.curve if c.threshold == self.threshold), None)
 
 
 @dataclass(frozen=True)
@@ -70,7 +81,11 @@ class Policy:
         return point is not None and point.threshold is not None
 
 
-def decide(query: str, candidate: str, cosine: float, policy: Policy) -> Decision:
+def decide(
+    query: str, candidate: str, cosine: float, policy: Policy, align: np.ndarray | None = None
+) -> Decision:
+    """``align``: :func:`extproc.dedup.align.alignment` of the two prompts' token states; without
+    it the semantic layer cannot score the pair and says no."""
     if canonical(query) == canonical(candidate):
         return Decision(True, "near-exact", 1.0)
     lang = language(query)
@@ -84,7 +99,9 @@ def decide(query: str, candidate: str, cosine: float, policy: Policy) -> Decisio
     vetoed = guard(query, candidate, point.swaps)
     if vetoed is not None:
         return Decision(False, f"guard:{vetoed}", 0.0)
-    score = float(point.verifier.score(features(query, candidate, cosine)))
+    if align is None:
+        return Decision(False, "no-states", 0.0)
+    score = float(point.verifier.score(features(query, candidate, cosine, align)))
     return Decision(score >= point.threshold, "semantic" if score >= point.threshold else "verifier", score)
 
 
@@ -109,7 +126,7 @@ def policy_from_json(data: dict[str, object], embedder: str, target: float = DEF
             curve,
             swaps=tuple(d.get("swaps", ("substitution", "insertion"))),
         )
-        langs[lang] = point.at(target)
+        langs[lang] = point.at(target, int(data.get("min_hits", DEFAULT_MIN_HITS)))  # type: ignore[call-overload]
     return Policy(embedder, target, langs)
 
 

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from difflib import SequenceMatcher
 
 from .canonical import canonical
+from .lexicon import AUXILIARIES, SYNONYMS, antonym_flip, expand_contractions, zh_synonyms
 
 # --------------------------------------------------------------------------- negation
 
@@ -288,7 +289,12 @@ _EN_FUNCTION = frozenset(
         "i'm",
     ]
 )
-_ZH_FUNCTION = frozenset("的了吗呢吧啊呀嘛么哦啦哈我你您怎如何样咋啥请问下呐嗯个这那")
+_EN_FUNCTION = (
+    _EN_FUNCTION
+    | AUXILIARIES
+    | {"how", "what", "can", "could", "would", "should", "will", "us", "let", "know"}
+)
+_ZH_FUNCTION = frozenset("的了吗呢吧啊呀嘛么哦啦哈我你您怎如何样咋啥请问下呐嗯个这那能会要可以是在有")
 _NUMERIC = re.compile(r"\d+|[零〇一二两三四五六七八九十百千万亿]")
 _TOKEN = re.compile(r"[a-z0-9]+(?:'[a-z]+)?|[\u3040-\u30ff\u3400-\u9fff\uf900-\ufaff\uac00-\ud7af]")
 
@@ -296,7 +302,8 @@ _TOKEN = re.compile(r"[a-z0-9]+(?:'[a-z]+)?|[\u3040-\u30ff\u3400-\u9fff\uf900-\u
 def tokens(text: str) -> list[str]:
     """Words (crudely stemmed: plays/played/playing -> play) for alphabetic text, single
     characters for CJK (the unit a swap happens in)."""
-    return [_stem(t) for t in _TOKEN.findall(canonical(text))]
+    text = zh_synonyms(expand_contractions(canonical(text)))
+    return [SYNONYMS.get(w, w) if w.isascii() else w for w in (_stem(t) for t in _TOKEN.findall(text))]
 
 
 def _stem(word: str) -> str:
@@ -367,6 +374,29 @@ def _entities(a: str, b: str) -> bool:
     return _missing(entities(a), b) or _missing(entities(b), a)
 
 
+def _antonyms(a: str, b: str) -> bool:
+    return antonym_flip(expand_contractions(canonical(a)), expand_contractions(canonical(b))) is not None
+
+
+_EN_DIRECTION = re.compile(
+    r"\bfrom\s+(?:the\s+|my\s+|a\s+)?(\S+)\s+(?:\S+\s+)?(?:to|into)\s+(?:the\s+|my\s+|a\s+)?(\S+)"
+)
+_ZH_DIRECTION = re.compile(r"从(\S{1,6}?)(?:转到|转入|转|到|至)(\S{1,6})")
+
+
+def directions(text: str) -> set[tuple[str, str]]:
+    """(source, destination) of "from X to Y" / 从X到Y: swapping them asks the opposite."""
+    t = canonical(text)
+    return {(m.group(1), m.group(2)) for m in _EN_DIRECTION.finditer(t)} | {
+        (m.group(1), m.group(2)) for m in _ZH_DIRECTION.finditer(t)
+    }
+
+
+def _direction(a: str, b: str) -> bool:
+    da, db = directions(a), directions(b)
+    return any(y.startswith(x2) and y2.startswith(x) for x, y in da for x2, y2 in db if (x, y) != (x2, y2))
+
+
 GUARDS: dict[str, Callable[[str, str], bool]] = {
     "negation": _negation,
     "number": _numbers,
@@ -374,13 +404,56 @@ GUARDS: dict[str, Callable[[str, str], bool]] = {
     "amount": _amounts,
     "id": _ids,
     "entity": _entities,
+    "antonym": _antonyms,
+    "direction": _direction,
 }
+
+
+def _entity_words(text: str) -> set[str]:
+    return {w for e in entities(text) for w in e.split()}
+
+
+def _one_sided(x: Counter[str] | set[str], y: Counter[str] | set[str]) -> bool:
+    """Only one side mentions any: an added detail, not a replaced one."""
+    return not x or not y
+
+
+def _replaced_entities(a: str, b: str) -> bool:
+    """Both prompts name something the other does not: a name swapped, not one added."""
+    ca, cb = canonical(a), canonical(b)
+    return any(w not in cb for w in _entity_words(a)) and any(w not in ca for w in _entity_words(b))
+
+
+# A difference a guard sees is a hard veto when the prompts are otherwise the same (a small edit:
+# the dangerous case, where the cosine cannot tell) or when a value is replaced by another. In a
+# rewrite, a detail that only one side mentions (a name, a number, a date) is a scored feature.
+SOFTENABLE = ("number", "date", "entity")
 
 
 def guard(a: str, b: str, swaps: tuple[str, ...] = ("substitution", "insertion")) -> str | None:
     """The first guard that refuses the pair, or None when all pass."""
+    return guard_verdict(a, b, swaps)[0]
+
+
+def guard_verdict(
+    a: str, b: str, swaps: tuple[str, ...] = ("substitution", "insertion")
+) -> tuple[str | None, int]:
+    """(the hard veto or None, how many differences were left to the verifier as features)."""
+    small = swapped(a, b)
+    soft = 0
     for name, check in GUARDS.items():
-        if check(a, b):
-            return name
-    s = swapped(a, b)
-    return s if s in swaps else None
+        if not check(a, b):
+            continue
+        if name in SOFTENABLE and small is None and _soft(name, a, b):
+            soft += 1
+            continue
+        return name, soft
+    return (small if small in swaps else None), soft
+
+
+def _soft(name: str, a: str, b: str) -> bool:
+    if name == "number":
+        return _one_sided(numbers(a), numbers(b))
+    if name == "date":
+        return _one_sided(dates(a), dates(b))
+    return not _replaced_entities(a, b)

@@ -12,8 +12,9 @@ from difflib import SequenceMatcher
 
 import numpy as np
 
+from .align import ALIGN_FEATURES
 from .canonical import canonical
-from .guards import _content, tokens
+from .guards import _content, guard_verdict, swapped, tokens
 
 FEATURES = (
     "cosine",
@@ -22,6 +23,11 @@ FEATURES = (
     "sequence_ratio",
     "length_ratio",
     "unmatched_content",
+    "extra_content_words",
+    "substitution",
+    "insertion",
+    "soft_differences",
+    *ALIGN_FEATURES,
 )
 
 
@@ -34,12 +40,15 @@ def _jaccard(a: set[str], b: set[str]) -> float:
     return len(a & b) / len(a | b) if a or b else 1.0
 
 
-def features(a: str, b: str, cosine: float) -> np.ndarray:
+def features(a: str, b: str, cosine: float, align: np.ndarray) -> np.ndarray:
+    """The verifier's inputs; ``align`` from :func:`extproc.dedup.align.alignment`."""
     ca, cb = canonical(a), canonical(b)
+    swap = swapped(a, b)
     ta, tb = tokens(a), tokens(b)
     ua, ub = _content(ta), _content(tb)
-    miss_a = sum(1 for t in ua if t not in set(tb)) / max(len(ua), 1)
-    miss_b = sum(1 for t in ub if t not in set(ta)) / max(len(ub), 1)
+    extra_a = sum(1 for t in ua if t not in set(tb))
+    extra_b = sum(1 for t in ub if t not in set(ta))
+    miss_a, miss_b = extra_a / max(len(ua), 1), extra_b / max(len(ub), 1)
     return np.array(
         [
             cosine,
@@ -48,6 +57,11 @@ def features(a: str, b: str, cosine: float) -> np.ndarray:
             SequenceMatcher(None, ca, cb, autojunk=False).ratio(),
             min(len(ca), len(cb)) / max(len(ca), len(cb), 1),
             max(miss_a, miss_b),
+            float(min(extra_a + extra_b, 8)),
+            float(swap == "substitution"),
+            float(swap == "insertion"),
+            float(guard_verdict(a, b, ())[1]),
+            *(float(v) for v in align),
         ],
         dtype=np.float64,
     )

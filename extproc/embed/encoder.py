@@ -86,6 +86,9 @@ class OnnxEmbedder:
         self.pooling = pooling
         self.read = read
         self.max_batch = max_batch
+        self.threads = threads
+        self.model_file = model_file
+        self._token_reader: TokenReader | None = None
         self.dim = (
             int(out.shape[-1]) if isinstance(out.shape[-1], int) else int(self.embed_sync(["x"]).shape[1])
         )
@@ -110,6 +113,12 @@ class OnnxEmbedder:
         for chunk in plan_batches([len(e) for e in encoded], self.max_batch):
             out[chunk] = self._run([encoded[i] for i in chunk])
         return out
+
+    def token_reader(self) -> TokenReader:
+        """Embeddings plus token states from one forward pass (a second session, built on first use)."""
+        if self._token_reader is None:
+            self._token_reader = TokenReader(self, self.model_file)
+        return self._token_reader
 
     def _run(self, batch: list[list[int]]) -> np.ndarray:
         width = max(len(ids) for ids in batch)
@@ -157,3 +166,106 @@ def plan_batches(lengths: Sequence[int], max_batch: int, max_waste: float = 0.3)
     if cur:
         batches.append(cur)
     return batches
+
+
+# ----------------------------------------------------------------------------- token states
+
+
+@dataclass(frozen=True)
+class TokenStates:
+    """One text's last-layer token vectors (L2-normalised rows), specials and prefix dropped,
+    with the pieces they stand for (``▁how`` / ``##ing`` as the tokenizer spells them)."""
+
+    pieces: tuple[str, ...]
+    vectors: np.ndarray  # float32 [len(pieces), dim]
+
+
+def hidden_output(model: object) -> str:
+    """The name of the tensor the graph mean-pools: the last LayerNormalization output that a
+    ``Mul`` by the (unsqueezed) attention mask consumes."""
+    graph = model.graph  # type: ignore[attr-defined]
+    produced_by = {out: node for node in graph.node for out in node.output}
+    for node in reversed(list(graph.node)):
+        if node.op_type != "Mul" or not node.input:
+            continue
+        src = produced_by.get(node.input[0])
+        if src is not None and src.op_type == "LayerNormalization":
+            return str(node.input[0])
+    raise ValueError("no pooled hidden state found in the graph")
+
+
+def _piece_texts(tokenizer: E5Pieces | HFTokenizer, ids: Sequence[int]) -> list[str]:
+    if isinstance(tokenizer, E5Pieces):
+        sp = tokenizer._sp
+        return [str(sp.id_to_piece(int(i))) for i in ids]
+    tok = tokenizer._tok
+    return [str(tok.id_to_token(int(i)) or "") for i in ids]
+
+
+def _prefix_pieces(embedder: OnnxEmbedder) -> int:
+    """How many pieces after [bos]/[CLS] spell the model's prefix ("query: " for e5)."""
+    if not embedder.prefix:
+        return 0
+    a, b = embedder.encode("apple").ids, embedder.encode("zebra").ids
+    common = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+    return max(common - 1, 0)
+
+
+class TokenReader:
+    """The same ONNX graph with its pre-pooling hidden state exposed as a second output.
+
+    ``read(texts)`` returns the sentence embeddings (identical to ``OnnxEmbedder.embed_sync``)
+    and every text's token states from the same forward pass: alignment features for the
+    dedup verifier cost no extra model run. ``embed`` itself stays on its own session.
+    """
+
+    def __init__(self, embedder: OnnxEmbedder, model_file: Path) -> None:
+        import onnx
+        import onnxruntime as ort
+
+        model = onnx.load(str(model_file))
+        self.hidden = hidden_output(model)
+        dim = embedder.dim
+        model.graph.output.append(
+            onnx.helper.make_tensor_value_info(self.hidden, onnx.TensorProto.FLOAT, ["batch", "seq", dim])
+        )
+        so = ort.SessionOptions()
+        so.intra_op_num_threads = embedder.threads
+        so.inter_op_num_threads = 1
+        so.log_severity_level = 3
+        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        self._session = ort.InferenceSession(
+            model.SerializeToString(), so, providers=["CPUExecutionProvider"]
+        )
+        self._emb = embedder
+        self._prefix = _prefix_pieces(embedder)
+
+    def read(self, texts: list[str]) -> tuple[np.ndarray, list[TokenStates]]:
+        emb = self._emb
+        encoded = [emb.encode(t).ids for t in texts]
+        vectors = np.empty((len(texts), emb.dim), dtype=np.float32)
+        states: list[TokenStates | None] = [None] * len(texts)
+        for chunk in plan_batches([len(e) for e in encoded], emb.max_batch):
+            batch = [encoded[i] for i in chunk]
+            width = max(len(s) for s in batch)
+            ids = np.full((len(batch), width), emb.tokenizer.pad_id, dtype=np.int64)
+            mask = np.zeros((len(batch), width), dtype=np.int64)
+            for row, seq in enumerate(batch):
+                ids[row, : len(seq)] = seq
+                mask[row, : len(seq)] = 1
+            feed = {"input_ids": ids, "attention_mask": mask}
+            if "token_type_ids" in emb._inputs:
+                feed["token_type_ids"] = np.zeros_like(ids)
+            pooled, hidden = self._session.run([emb._output, self.hidden], feed)
+            y = np.asarray(pooled, dtype=np.float32)
+            vectors[chunk] = y / np.maximum(np.linalg.norm(y, axis=1, keepdims=True), 1e-12)
+            h = np.asarray(hidden, dtype=np.float32)
+            for row, i in enumerate(chunk):
+                seq = batch[row]
+                lo, hi = 1 + self._prefix, len(seq) - 1  # drop [bos]/[CLS], prefix, [eos]/[SEP]
+                tok = h[row, lo:hi]
+                tok = tok / np.maximum(np.linalg.norm(tok, axis=1, keepdims=True), 1e-12)
+                states[i] = TokenStates(
+                    tuple(_piece_texts(emb.tokenizer, seq[lo:hi])), tok.astype(np.float32)
+                )
+        return vectors, [s for s in states if s is not None]

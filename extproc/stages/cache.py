@@ -162,6 +162,7 @@ class Cache(Stage):
             entry = _load(raw)
             if entry is None:
                 continue
+            await m.warm([text, entry.text])  # token states for the verifier, off the event loop
             decision = m.same(text, entry.text, cosine)
             if not decision.same:
                 return None

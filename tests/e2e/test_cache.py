@@ -81,7 +81,7 @@ def test_repeat_is_served_from_the_cache(client: httpx.Client, stack: Stack) -> 
 def test_paraphrase_hits_and_should_miss_cases_miss(client: httpx.Client, stack: Stack) -> None:
     client.post(CHAT, json=chat("How do I reset my password?"))
     before = served(stack)
-    para = client.post(CHAT, json=chat("How do I reset my password please?"))
+    para = client.post(CHAT, json=chat("How can I reset my password?"))  # "please" alone is near-exact
     assert (para.headers["x-gate-cache"], para.headers["x-gate-cache-match"]) == ("hit", "semantic")
     assert 0.9 < float(para.headers["x-gate-similarity"]) < 1.0
     assert content(para).startswith("[llama-3-8b] Answer to: How do I reset my password?")

@@ -84,3 +84,31 @@ def test_generic_onnx_loader(model_dir: Path) -> None:
         load_embedder("nope", model_dir)
     with pytest.raises(FileNotFoundError):
         load_embedder("minilm", model_dir / "missing")
+
+
+@pytest.mark.parametrize("name", ["e5", "minilm"])
+def test_token_states_ride_on_the_same_forward_pass(name: str, request: pytest.FixtureRequest) -> None:
+    emb: OnnxEmbedder = request.getfixturevalue(name)
+    texts = ["How do I reset my password?", "what is the capital of France", "x " * 30]
+    vectors, states = emb.token_reader().read(texts)
+    assert np.abs(vectors - emb.embed_sync(texts)).max() < 1e-5  # the same embeddings
+    first = states[0]
+    assert len(first.pieces) == first.vectors.shape[0] and first.vectors.shape[1] == emb.dim
+    assert np.allclose(np.linalg.norm(first.vectors, axis=1), 1.0, atol=1e-4)
+    joined = "".join(first.pieces).replace("▁", "").replace("##", "").lower()
+    assert joined == "howdoiresetmypassword?"  # no [CLS]/[SEP], no "query: " prefix
+
+
+def test_token_states_tell_a_synonym_from_a_change(e5: OnnxEmbedder) -> None:
+    from extproc.dedup.align import alignment
+
+    _, (a, syn, other) = e5.token_reader().read(
+        [
+            "How do I fix a broken screen?",
+            "How do I repair a broken screen?",
+            "How do I sell a broken screen?",
+        ]
+    )
+    f_syn = alignment(a.pieces, a.vectors, syn.pieces, syn.vectors)
+    f_other = alignment(a.pieces, a.vectors, other.pieces, other.vectors)
+    assert f_syn[0] > f_other[0]  # BERTScore F: the synonym aligns better than the different action
