@@ -10,6 +10,16 @@ words)`` with ``h`` a sha256 of (model, prompt), so same request -> same text. C
 tokens = min(max_tokens (default 16), natural length) -> finish_reason "length" if cut,
 else "stop"; ``ignore_eos: true`` generates exactly max_tokens.
 
+Answer model: when the request carries ``x-sim-family: F`` (the load generator sets it
+per paraphrase family), the answer depends on (model, F) only -- two paraphrases of one
+family get the same text, two families different texts -- so a benchmark can judge
+whether a cached answer was right: ``[<model>] Family <F> answer: <filler...>``.
+
+Upstream key: with ``--api-key KEY`` (or ``VLLM_SIM_API_KEY``) the /v1 endpoints require
+``authorization: Bearer KEY`` and answer an OpenAI-style 401 otherwise. Every header name
+and every authorization / x-api-key value received is recorded (``/admin/state``:
+``header_names``, ``credentials``) so a test can assert a client's key never got here.
+
 Latency: TTFT = base_ttft_ms + per_prompt_token_ms * prompt_tokens + extra_latency_ms
 (faults.ttft_ms replaces base_ttft_ms); each later token waits
 itl_ms * (1 + batch_slowdown * running). Admission is FIFO: at most max_num_seqs running
@@ -23,6 +33,7 @@ import asyncio
 import contextlib
 import dataclasses
 import hashlib
+import os
 import random
 import time
 import uuid
@@ -60,6 +71,7 @@ class SimConfig:
     default_max_tokens: int = 16
     seed: int = 0
     name: str = ""  # if set, sent back as the `x-sim-name` response header
+    api_key: str = ""  # if set, /v1 requires `authorization: Bearer <api_key>`
 
 
 @dataclass
@@ -83,7 +95,7 @@ class ClientGoneError(Exception):
     """The client disconnected while its request was pending."""
 
 
-_ERR_TYPES = {400: "BadRequestError", 404: "NotFoundError", 429: "RateLimitError",
+_ERR_TYPES = {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError", 429: "RateLimitError",
               503: "ServiceUnavailableError"}
 
 
@@ -212,7 +224,21 @@ class SimState:
         self.received = self.errors = self.cancelled = 0
         self.last_request: dict[str, Any] = {}
         self.last_headers: dict[str, dict[str, str]] = {}
+        self.header_names: Counter[str] = Counter()
+        self.credentials: set[str] = set()
+        self.unauthorized = 0
+        self.by_family: Counter[str] = Counter()
         self.metrics = Metrics(self)
+
+    def record_headers(self, headers: dict[str, str]) -> None:
+        self.header_names.update(headers.keys())
+        for name in ("authorization", "x-api-key"):
+            if name in headers:
+                self.credentials.add(headers[name])
+
+    def authorized(self, headers: dict[str, str]) -> bool:
+        key = self.cfg.api_key
+        return not key or headers.get("authorization", "") == f"Bearer {key}"
 
     def snapshot(self) -> dict[str, Any]:
         return {
@@ -220,8 +246,11 @@ class SimState:
             "received": self.received, "errors": self.errors, "cancelled": self.cancelled,
             "running": self.sched.running, "waiting": len(self.sched.queue), "hung": self.hung,
             "kv_cache_used_tokens": self.sched.kv_used,
-            "faults": dataclasses.asdict(self.faults), "config": dataclasses.asdict(self.cfg),
+            "faults": dataclasses.asdict(self.faults),
+            "config": {**dataclasses.asdict(self.cfg), "api_key": "set" if self.cfg.api_key else ""},
             "last_request": self.last_request, "last_headers": self.last_headers,
+            "header_names": dict(self.header_names), "credentials": sorted(self.credentials),
+            "unauthorized": self.unauthorized, "served_by_family": dict(self.by_family),
         }
 
 
@@ -236,7 +265,12 @@ def _text_of(content: Any) -> str:
     return ""
 
 
-def _answer(model: str, prompt: str, snippet: str) -> list[str]:
+def _answer(model: str, prompt: str, snippet: str, family: str = "") -> list[str]:
+    if family:  # the same text for every paraphrase of one family
+        h = int.from_bytes(hashlib.sha256(f"{model}\0family\0{family}".encode()).digest()[:8], "big")
+        header = [f"[{model}]", "Family", family[:40], "answer:"]
+        rng = random.Random(h)
+        return header + [rng.choice(_FILLER) for _ in range(8 + h % 25)]
     h = int.from_bytes(hashlib.sha256(f"{model}\0{prompt}".encode()).digest()[:8], "big")
     header = [f"[{model}]", "Answer", "to:", *snippet[:40].split()]
     rng = random.Random(h)
@@ -278,8 +312,14 @@ async def _completion(request: web.Request, chat: bool) -> web.StreamResponse:
     except orjson.JSONDecodeError:
         body = raw.decode("utf-8", "replace")
     sim.last_request[request.path] = body
-    sim.last_headers[request.path] = {k.lower(): v for k, v in request.headers.items()}
+    seen = {k.lower(): v for k, v in request.headers.items()}
+    sim.last_headers[request.path] = seen
+    sim.record_headers(seen)
+    family = seen.get("x-sim-family", "")
     try:
+        if not sim.authorized(seen):
+            sim.unauthorized += 1
+            raise ApiError(401, "Incorrect API key provided.", "authorization")
         if not isinstance(body, dict):
             raise ApiError(400, "request body must be a JSON object")
         model = body.get("model") or sim.cfg.models[0]
@@ -321,7 +361,7 @@ async def _completion(request: web.Request, chat: bool) -> web.StreamResponse:
         sim.cancelled += 1
         return web.Response(status=499)
 
-    words = _answer(model, prompt, snippet)
+    words = _answer(model, prompt, snippet, family)
     if body.get("ignore_eos"):
         while len(words) < max_tokens:
             words.append(_FILLER[len(words) % len(_FILLER)])
@@ -384,6 +424,8 @@ async def _completion(request: web.Request, chat: bool) -> web.StreamResponse:
     text = " ".join(tokens)
     sim.served += 1
     sim.served_by_model[model] += 1
+    if family:
+        sim.by_family[family] += 1
     m = sim.metrics
     m.prompt.labels(model).inc(n_prompt)
     m.gen.labels(model).inc(len(tokens))
@@ -417,6 +459,11 @@ async def completions(request: web.Request) -> web.StreamResponse:
 
 async def models(request: web.Request) -> web.Response:
     sim = request.app[STATE]
+    seen = {k.lower(): v for k, v in request.headers.items()}
+    sim.record_headers(seen)
+    if not sim.authorized(seen):
+        sim.unauthorized += 1
+        return error_response(401, "Incorrect API key provided.", "authorization")
     data = [{"id": m, "object": "model", "created": 0, "owned_by": "vllm", "root": m,
              "parent": None, "max_model_len": sim.cfg.kv_cache_tokens} for m in sim.cfg.models]
     return _json({"object": "list", "data": data})
@@ -549,6 +596,7 @@ def main(argv: list[str] | None = None) -> None:
     a = vars(p.parse_args(argv))
     host, port = a.pop("host"), a.pop("port")
     cfg = SimConfig(**{**a, "models": a["models"] or d.models})
+    cfg.api_key = cfg.api_key or os.environ.get("VLLM_SIM_API_KEY", "")
     web.run_app(create_app(cfg), host=host, port=port, handler_cancellation=True, backlog=4096,
                 access_log=None, print=None)
 
