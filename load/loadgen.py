@@ -23,7 +23,7 @@ import json
 import random
 import re
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -108,7 +108,7 @@ def answer_text(body: bytes, stream: bool) -> tuple[str, bool]:
 
 
 async def send(session: aiohttp.ClientSession, url: str, draw: Draw, rid: str, t0: float,
-               timeout: float) -> dict[str, Any]:
+               limit_s: float) -> dict[str, Any]:
     row: dict[str, Any] = {"id": rid, "t": round(time.monotonic() - t0, 4), "tier": draw.tier,
                            "family": draw.family, "lang": draw.lang, "size": draw.size,
                            "kind": draw.kind, "stream": draw.stream, "urgent": draw.urgent,
@@ -119,7 +119,7 @@ async def send(session: aiohttp.ClientSession, url: str, draw: Draw, rid: str, t
     start = time.monotonic()
     try:
         async with session.post(url + CHAT, data=draw.body, headers=headers,
-                                timeout=aiohttp.ClientTimeout(total=timeout)) as r:
+                                timeout=aiohttp.ClientTimeout(total=limit_s)) as r:
             row["ttfb_ms"] = round((time.monotonic() - start) * 1000, 2)
             body = await r.read()
             h = r.headers
@@ -269,7 +269,8 @@ async def run_load(target: Target, opts: Options, out: Path | None = None, mix: 
 
 
 async def _open_loop(opts: Options, mix: Mix, rng: random.Random,
-                     one: Callable[[Draw], Awaitable[None]], more: Callable[[], bool], t0: float) -> None:
+                     one: Callable[[Draw], Coroutine[Any, Any, None]], more: Callable[[], bool],
+                     t0: float) -> None:
     rate = opts.rate or 10.0
     tasks: set[asyncio.Task[None]] = set()
     next_burst = t0 + opts.burst_every

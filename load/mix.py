@@ -64,8 +64,9 @@ _ZH_TEMPLATES = [
 ]
 _ZH_VERBS = ["修改", "取消", "退订", "绑定", "解绑", "更换", "注销", "找回", "升级", "冻结"]
 _ZH_OBJECTS = ["密码", "账户", "订单", "会员", "银行卡", "手机号", "收货地址", "发票", "花呗", "邮箱"]
-_WORDS = ("the a of service report quarter revenue customer order support team policy update "
-          "system data review region product shipment market contract issue process").split()
+_WORDS = ["the", "a", "of", "service", "report", "quarter", "revenue", "customer", "order", "support",
+          "team", "policy", "update", "system", "data", "review", "region", "product", "shipment",
+          "market", "contract", "issue", "process"]
 
 
 @dataclass(frozen=True)
@@ -218,8 +219,9 @@ class Mix:
         if urgent:
             text = rng.choice(URGENT[fam.lang]) + " " + text
         y, acc, size = rng.random(), 0.0, "short"
-        for size, share in self.sizes:
+        for name, share in self.sizes:
             acc += share
+            size = name
             if y < acc:
                 break
         if size != "short":
