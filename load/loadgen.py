@@ -113,7 +113,7 @@ async def send(session: aiohttp.ClientSession, url: str, draw: Draw, rid: str, t
                            "family": draw.family, "lang": draw.lang, "size": draw.size,
                            "kind": draw.kind, "stream": draw.stream, "urgent": draw.urgent,
                            "limited": "sk-load-limited" in draw.headers["authorization"]}
-    headers = {**draw.headers, "x-request-id": rid}
+    headers = {**draw.headers, "x-request-id": rid, "x-load-id": rid}
     if not row["limited"]:  # standard users are many, each well under its own limit
         headers["x-user-id"] = f"u-{int(hashlib.sha1(rid.encode()).hexdigest()[:8], 16) % USERS}"
     start = time.monotonic()

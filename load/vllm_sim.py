@@ -19,6 +19,7 @@ Upstream key: with ``--api-key KEY`` (or ``VLLM_SIM_API_KEY``) the /v1 endpoints
 ``authorization: Bearer KEY`` and answer an OpenAI-style 401 otherwise. Every header name
 and every authorization / x-api-key value received is recorded (``/admin/state``:
 ``header_names``, ``credentials``) so a test can assert a client's key never got here.
+``/admin/served`` gives each answered request's service time by its ``x-load-id`` header.
 
 Latency: TTFT = base_ttft_ms + per_prompt_token_ms * prompt_tokens + extra_latency_ms
 (faults.ttft_ms replaces base_ttft_ms); each later token waits
@@ -55,6 +56,7 @@ _FILLER = ["alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hot
 _TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,
                  5.0, 10.0)
 _E2E_BUCKETS = (0.05, 0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 60.0)
+_MAX_IDS = 500_000  # service times kept by x-load-id
 _TUNABLE = ("base_ttft_ms", "per_prompt_token_ms", "itl_ms", "batch_slowdown", "max_num_seqs",
             "kv_cache_tokens")
 
@@ -106,8 +108,9 @@ def error_response(status: int, message: str, param: str | None = None) -> web.R
                         content_type="application/json")
 
 
-def _json(obj: Any, status: int = 200) -> web.Response:
-    return web.Response(status=status, body=orjson.dumps(obj), content_type="application/json")
+def _json(obj: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
+    return web.Response(status=status, body=orjson.dumps(obj), content_type="application/json",
+                        headers=headers)
 
 
 @dataclass(eq=False)
@@ -228,7 +231,14 @@ class SimState:
         self.credentials: set[str] = set()
         self.unauthorized = 0
         self.by_family: Counter[str] = Counter()
+        self.service_ms: dict[str, float] = {}  # by the x-load-id request header
+        self.max_service_ms = 0.0
         self.metrics = Metrics(self)
+
+    def record_service(self, load_id: str, ms: float) -> None:
+        self.max_service_ms = max(self.max_service_ms, ms)
+        if load_id and len(self.service_ms) < _MAX_IDS:
+            self.service_ms[load_id] = round(ms, 2)
 
     def record_headers(self, headers: dict[str, str]) -> None:
         self.header_names.update(headers.keys())
@@ -426,6 +436,7 @@ async def _completion(request: web.Request, chat: bool) -> web.StreamResponse:
     sim.served_by_model[model] += 1
     if family:
         sim.by_family[family] += 1
+    sim.record_service(seen.get("x-load-id", ""), (time.monotonic() - t0) * 1000)
     m = sim.metrics
     m.prompt.labels(model).inc(n_prompt)
     m.gen.labels(model).inc(len(tokens))
@@ -446,7 +457,7 @@ async def _completion(request: web.Request, chat: bool) -> web.StreamResponse:
     choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": finish}
     choice.update({"message": {"role": "assistant", "content": text}} if chat else {"text": text})
     return _json({"id": rid, "object": obj, "created": created, "model": model,
-                  "choices": [choice], "usage": usage}, 200)
+                  "choices": [choice], "usage": usage}, 200, headers)
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
@@ -480,6 +491,12 @@ async def metrics(request: web.Request) -> web.Response:
 
 async def admin_state(request: web.Request) -> web.Response:
     return _json(request.app[STATE].snapshot())
+
+
+async def admin_served(request: web.Request) -> web.Response:
+    """Service time (ms, receipt to last token) of each answered request by its x-load-id."""
+    sim = request.app[STATE]
+    return _json({"max_ms": round(sim.max_service_ms, 2), "by_id": sim.service_ms})
 
 
 async def _json_body(request: web.Request) -> dict[str, Any]:
@@ -547,6 +564,7 @@ def create_app(config: SimConfig | None = None) -> web.Application:
     app.router.add_get("/health", health)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/admin/state", admin_state)
+    app.router.add_get("/admin/served", admin_served)
     app.router.add_post("/admin/faults", admin_faults)
     app.router.add_post("/admin/config", admin_config)
     app.router.add_post("/admin/reset", admin_reset)

@@ -90,3 +90,17 @@ def test_key_from_environment_on_the_command_line() -> None:
         proc.wait(10)
     assert refused.status_code == 401
     answer(ok)
+
+
+@pytest.mark.asyncio
+async def test_service_time_by_load_id_and_name_on_json_answers() -> None:
+    s = await start_sim(SimConfig(base_ttft_ms=30.0, itl_ms=0.0, name="primary"))
+    try:
+        async with httpx.AsyncClient(base_url=s.url, timeout=10) as c:
+            r = await c.post("/v1/chat/completions", json=chat("hi"), headers={"x-load-id": "run-1"})
+            served = (await c.get("/admin/served")).json()
+    finally:
+        await s.close()
+    answer(r)
+    assert r.headers["x-sim-name"] == "primary"  # JSON answers name their pool too, as streams do
+    assert 30 <= served["by_id"]["run-1"] <= served["max_ms"]
