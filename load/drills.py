@@ -79,15 +79,23 @@ class Outcome:
         lat = max((r.get("latency_ms", 0.0) for r in self.rows), default=0.0)
         lines = [f"== {self.name}: {'PASS' if self.passed else 'FAIL'}",
                  f"   requests {len(self.rows)}, non-2xx {dict(bad) or 0}, max latency {lat:.0f} ms, "
-                 f"time to recover {self.recover_s():.1f} s"]
+                 f"time to recover {self.recover_s():.1f} s, "
+                 f"over 5 s: {sum(1 for r in self.rows if r.get('latency_ms', 0) > 5000)}"]
         lines += [f"   {f}" for f in self.facts]
         lines += [f"   [{'ok' if ok else 'FAIL'}] {c}" for c, ok in self.checks]
         return "\n".join(lines)
 
 
 async def gate_metric(stack: Stack, key: str) -> float:
+    """One gate metric summed over the workers (scraped again until every worker answers)."""
+    target = Target.of(stack)
     async with aiohttp.ClientSession() as s:
-        return float((await scrape_once(s, Target.of(stack)))["gate"].get(key, 0.0))
+        for _ in range(10):
+            got = await scrape_once(s, target)
+            if got["workers_up"] == len(target.metrics):
+                break
+            await asyncio.sleep(0.5)
+        return float(got["gate"].get(key, 0.0))
 
 
 async def under_load(stack: Stack, sizes: Sizes, fault: Callable[[float], Awaitable[None]],

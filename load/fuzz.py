@@ -42,27 +42,35 @@ def scalar(rng: random.Random) -> Any:
 
 def value(rng: random.Random, depth: int = 0) -> Any:
     """An arbitrary JSON value: a scalar, a small container, a deep nest or a huge array."""
-    k = rng.randrange(12)
-    if depth > 3 or k < 6:
+    k = rng.randrange(40)
+    if depth > 3 or k < 22:
         return scalar(rng)
-    if k == 6:
+    if k < 28:
         return [value(rng, depth + 1) for _ in range(rng.randrange(4))]
-    if k == 7:
+    if k < 34:
         return {rng.choice(STRINGS + FIELDS): value(rng, depth + 1) for _ in range(rng.randrange(4))}
-    if k == 8:
+    if k < 37:
         return nest(rng.choice((10, 200, 254, 256, 600, 1_100)), rng)
-    if k == 9:
+    if k in (37, 38) and rng.random() < 0.7:  # keep huge bodies a few percent of all
+        return scalar(rng)
+    if k == 37:
         return [rng.choice(NUMBERS)] * rng.choice((1_000, 20_000))
-    if k == 10:
+    if k == 38:
         return [{"role": "user", "content": "hi"}] * rng.choice((500, 5_000))
     return {"type": value(rng, depth + 1), "text": value(rng, depth + 1)}
 
 
+class Deep:
+    """`levels` of nested arrays and objects around a scalar, kept as JSON text."""
+
+    def __init__(self, levels: int, rng: random.Random) -> None:
+        opens = [b"[" if rng.random() < 0.5 else b'{"a":' for _ in range(levels)]
+        closes = [b"]" if o == b"[" else b"}" for o in reversed(opens)]
+        self.json = b"".join(opens) + _by_hand(scalar(rng)) + b"".join(closes)
+
+
 def nest(levels: int, rng: random.Random) -> Any:
-    inner: Any = scalar(rng)
-    for _ in range(levels):
-        inner = [inner] if rng.random() < 0.5 else {"a": inner}
-    return inner
+    return Deep(levels, rng)
 
 
 def _dumps(doc: Any) -> bytes:
@@ -73,14 +81,17 @@ def _dumps(doc: Any) -> bytes:
 
 
 def _by_hand(doc: Any) -> bytes:
+    if isinstance(doc, Deep):
+        return doc.json
+    try:
+        return orjson.dumps(doc)
+    except (orjson.JSONEncodeError, TypeError):  # a Deep or a huge int inside: part by part
+        pass
     if isinstance(doc, list):
         return b"[" + b",".join(_by_hand(x) for x in doc) + b"]"
     if isinstance(doc, dict):
         return b"{" + b",".join(orjson.dumps(str(k)) + b":" + _by_hand(v) for k, v in doc.items()) + b"}"
-    try:
-        return orjson.dumps(doc)
-    except orjson.JSONEncodeError:  # an int beyond 64 bits
-        return str(doc).encode()
+    return str(doc).encode()  # an int beyond 64 bits
 
 
 def message(rng: random.Random) -> Any:

@@ -23,6 +23,7 @@ import json
 import random
 import re
 import time
+from collections import Counter
 from collections.abc import Callable, Coroutine
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -301,6 +302,30 @@ def write_run(out: Path, opts: Options, run: Run, target: Target) -> None:
     (out / "run.json").write_text(json.dumps(doc, indent=1))
 
 
+def dry_run(requests: int, seed: int, limited_share: float) -> dict[str, dict[str, float]]:
+    """Shares of the mix over `requests` draws, nothing sent."""
+    mix, rng = Mix(limited_share=limited_share), random.Random(seed)
+    draws = [mix.draw(rng) for _ in range(requests)]
+    valid = [d for d in draws if not d.invalid]
+    bodies = Counter(d.body for d in valid)
+
+    def shares(values: list[str]) -> dict[str, float]:
+        return {k: round(v / max(1, len(values)), 4) for k, v in sorted(Counter(values).items())}
+
+    return {
+        "invalid": shares(["invalid" if d.invalid else "valid" for d in draws]),
+        "invalid_kinds": shares([d.kind for d in draws if d.invalid]),
+        "size": shares([d.size for d in valid]),
+        "tier": shares([d.tier for d in draws]),
+        "lang": shares([d.lang for d in valid]),
+        "variant": shares([d.kind for d in valid]),
+        "stream": shares([str(d.stream) for d in draws]),
+        "urgent": shares([str(d.urgent) for d in valid]),
+        "repeats": {"distinct_bodies": len(bodies), "families": len({d.family for d in valid}),
+                    "repeated_bodies": sum(n for n in bodies.values() if n > 1) / max(1, len(valid))},
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m load.loadgen", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -314,8 +339,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--burst-size", type=int, default=Options.burst_size)
     p.add_argument("--seed", type=int, default=Options.seed)
     p.add_argument("--limited-share", type=float, default=Options.limited_share)
-    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--out", type=Path)
+    p.add_argument("--dry-run", action="store_true", help="print the mix's shares; send nothing")
     a = p.parse_args(argv)
+    if a.dry_run:
+        print(json.dumps(dry_run(a.requests, a.seed, a.limited_share), indent=1, ensure_ascii=False))
+        return 0
+    if a.out is None:
+        p.error("--out is required")
     opts = Options(a.requests, a.seconds, a.rate, a.concurrency, a.burst_every, a.burst_size, a.seed,
                    limited_share=a.limited_share)
     if opts.rate is None and opts.concurrency is None:
