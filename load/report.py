@@ -43,10 +43,12 @@ def pct(values: list[float], q: float) -> float:
 
 
 def upstream_expected(row: dict[str, Any]) -> bool:
-    """Whether the gate says this request went to a model: a miss, a bypass, or an answer
-    without any cache outcome (a request that skipped the cache stage)."""
+    """Whether this answer came from a model: a model server's answer or error (the
+    simulator names itself in `x-sim-name`), or a 200 that the gate called a miss, a bypass,
+    or gave no cache outcome (a request that skipped the cache stage). A refusal of the
+    gate's own (a shed 503 after a miss) did not reach a model."""
     cache = row.get("cache", "")
-    return cache in UPSTREAM or (row.get("status") == 200 and not cache) or bool(row.get("sim"))
+    return bool(row.get("sim")) or (row.get("status") == 200 and (cache in UPSTREAM or not cache))
 
 
 def sim_calls(before: dict[str, Any], after: dict[str, Any]) -> int:

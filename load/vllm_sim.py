@@ -553,11 +553,19 @@ async def admin_reset(request: web.Request) -> web.Response:
     return _json(request.app[STATE].snapshot())
 
 
+async def _name_every_response(request: web.Request, response: web.StreamResponse) -> None:
+    """Errors too carry `x-sim-name`: a client can tell a model server's answer from the gate's."""
+    name = request.app[STATE].cfg.name
+    if name and request.path.startswith("/v1/"):
+        response.headers["x-sim-name"] = name
+
+
 def create_app(config: SimConfig | None = None) -> web.Application:
     app = web.Application(client_max_size=64 * 1024 * 1024)
     cfg = dataclasses.replace(config or SimConfig())
     cfg.models = list(cfg.models)
     app[STATE] = SimState(cfg)
+    app.on_response_prepare.append(_name_every_response)
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_post("/v1/completions", completions)
     app.router.add_get("/v1/models", models)

@@ -104,3 +104,14 @@ async def test_service_time_by_load_id_and_name_on_json_answers() -> None:
     answer(r)
     assert r.headers["x-sim-name"] == "primary"  # JSON answers name their pool too, as streams do
     assert 30 <= served["by_id"]["run-1"] <= served["max_ms"]
+
+
+@pytest.mark.asyncio
+async def test_errors_name_their_pool_too() -> None:
+    s = await start_sim(SimConfig(base_ttft_ms=1.0, name="fallback"))
+    try:
+        async with httpx.AsyncClient(base_url=s.url, timeout=10) as c:
+            r = await c.post("/v1/chat/completions", json={"model": "nope", "messages": []})
+    finally:
+        await s.close()
+    assert r.status_code == 404 and r.headers["x-sim-name"] == "fallback"
