@@ -14,6 +14,8 @@ def test_short_run_accounts_for_every_request_and_reports(tmp_path: Path) -> Non
     opts = Options(requests=300, seconds=15, rate=20, burst_every=5, burst_size=10, seed=3)
     with load_stack() as stack:
         target = Target.of(stack)
+        pids = stack.gate_worker_pids()  # what the drills kill: one process per worker port
+        assert sorted(pids) == [0, 1] and len(set(pids.values())) == 2
         run = asyncio.run(run_load(target, opts, tmp_path))
         write_run(tmp_path, opts, run, target)
     rows = report.read_jsonl(tmp_path / "requests.jsonl")
