@@ -123,7 +123,11 @@ def build_families(data_dir: Path = PARAPHRASE_DIR) -> list[Family]:
                                        tuple(x.format(v=v, o=o) for x in t)))
     pairs = [("en", p) for p in _read_pairs(data_dir / "stsb-en.dev.tsv", 4.0)]
     pairs += [("zh", p) for p in _read_pairs(data_dir / "stsb-zh.valid.tsv", 4.0)]
+    seen = {v.casefold() for f in fams for v in f.variants}
     for i, (lang, (a, b)) in enumerate(pairs):
+        if a.casefold() in seen or b.casefold() in seen:
+            continue  # a sentence in two pairs would make two families ask one question
+        seen |= {a.casefold(), b.casefold()}
         fams.append(Family(f"{lang}-d{i}", lang, (a, b)))
     random.Random(7).shuffle(fams)  # a stable rank order mixing both sources and languages
     return fams

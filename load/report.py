@@ -247,7 +247,10 @@ def build(run_dir: Path, price_per_gpu_hour: float = 2.5, gpu_seconds_per_call: 
            f"{seconds:.0f} s (bound 1.1 × (rate × s + burst) = {limited_bound(seconds):.0f})",
            f"- Gate stage errors: {sum(stage_err.values()):.0f} "
            + (", ".join(f"{k[len('gate_stage_errors_total'):]} {v:.0f}" for k, v in stage_err.items())),
-           f"- Incomplete or duplicate: {acc.incomplete[:10]}", ""]
+           f"- Incomplete or duplicate: {acc.incomplete[:10]}",
+           "- Wrong answers (asked family → answer's family, match kind): "
+           + (", ".join(f"{r['family']} → {r['answer_family']} ({r.get('match') or r.get('cache')})"
+                        for r in wrong[:10]) or "none"), ""]
     text = "\n".join(md)
     (run_dir / "report.md").write_text(text)
     return text
