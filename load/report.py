@@ -199,8 +199,8 @@ def build(run_dir: Path, price_per_gpu_hour: float = 2.5, gpu_seconds_per_call: 
     invalid_ok = [r for r in rows if r["kind"].startswith("invalid") and r.get("status") == 200]
     limited = [r for r in rows if r.get("limited")]
     seconds = float(meta.get("seconds") or (max((r["t"] for r in rows), default=0.0)))
-    stage_errors = metrics[-1]["gate"] if metrics else {}
-    stage_err = {k: v for k, v in stage_errors.items() if k.startswith("gate_stage_errors_total")}
+    last_gate: dict[str, float] = metrics[-1]["gate"] if metrics else {}
+    stage_err = {k: v for k, v in last_gate.items() if k.startswith("gate_stage_errors_total")}
     slow = sum(1 for r in rows if r.get("latency_ms", 0) > 5000)
 
     md = [f"# Load run `{run_dir.name}`", ""]
@@ -228,6 +228,10 @@ def build(run_dir: Path, price_per_gpu_hour: float = 2.5, gpu_seconds_per_call: 
            "| outcome | answers |", "|---|---|", *[f"| {k} | {v} |" for k, v in cache.most_common()], "",
            "Saved by kind: " + ", ".join(f"{k} {v} ({v / max(1, len(answered)):.1%})"
                                         for k, v in sorted(saved_kind.items())), "",
+           "The gate's own counters at the end (all workers): "
+           + (", ".join(f"{k.split('{')[0].removeprefix('gate_')}{{{k.split('{')[1]} {v:.0f}"
+                        for k, v in sorted(last_gate.items())
+                        if k.startswith(("gate_cache_requests_total", "gate_cache_hits_total"))) or "-"), "",
            "![traffic](traffic.png)", ""]
     md += ["## Queue, sheds, breaker", "", "![queue and breaker](queue_breaker.png)", ""]
     md += ["## Bypass share", "",
