@@ -170,6 +170,9 @@ class Stack:
     with_redis: bool = False
     redis_port: int = 0
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    # Pools whose admission queue runs in a standalone `llm-gate scheduler` of their own.
+    scheduler_pools: list[str] = field(default_factory=list)
+    scheduler_ports: dict[str, int] = field(default_factory=dict)
     pool_ports: dict[str, int] = field(default_factory=dict)
     gate_ports: list[int] = field(default_factory=list)
     metrics_ports: list[int] = field(default_factory=list)
@@ -194,6 +197,8 @@ class Stack:
             if self.with_redis:
                 self.start_redis()
             self._start_sims()
+            if self.scheduler_pools:
+                self._start_schedulers()
             if not self.external_gate:
                 self.start_gate()
             self._start_envoy()
@@ -271,6 +276,43 @@ class Stack:
         wait_port(self.envoy_port, 30, proc)
         wait_http(f"http://{LOOPBACK}:{self.admin_port}/ready", 30)
 
+    def _start_schedulers(self) -> None:
+        for pool in self.scheduler_pools:
+            self.scheduler_ports.setdefault(pool, free_port())
+        pools = {p: {"scheduler": f"{LOOPBACK}:{port}"} for p, port in self.scheduler_ports.items()}
+        self.gate_config = _merge({"admission": {"pools": pools}}, self.gate_config)
+        self.write_gate_config()
+        for pool in self.scheduler_pools:
+            self.start_scheduler(pool)
+
+    def start_scheduler(self, pool: str) -> None:
+        """(Re)start the standalone scheduler of `pool` on its port, from the gate's file."""
+        args = [sys.executable, "-m", "extproc.cli", "scheduler", "--pool", pool, "--config",
+                str(self.workdir / "gate.yaml"), "--port", str(self.scheduler_ports[pool])]
+        wait_port(self.scheduler_ports[pool], 30, self._spawn(f"scheduler-{pool}", args))
+
+    def kill(self, name: str) -> None:
+        """SIGKILL one process of the stack (its whole group), as a crash would."""
+        proc = self.procs.pop(name, None)
+        if proc is not None and proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=5)
+
+    def gate_worker_pids(self) -> dict[int, int]:
+        """Gate worker index -> pid of the process listening on that worker's port."""
+        owners = _listening_pids()
+        return {i: owners[port] for i, port in enumerate(self.gate_ports) if port in owners}
+
+    def kill_gate_worker(self, index: int) -> int:
+        """SIGKILL one gate worker (the supervisor restarts it); its pid."""
+        pid = self.gate_worker_pids()[index]
+        os.kill(pid, signal.SIGKILL)
+        return pid
+
+    def reload_gate(self) -> None:
+        """SIGHUP the gate's supervisor: every worker re-reads gate.yaml."""
+        os.kill(self.procs["gate"].pid, signal.SIGHUP)
+
     def _stop(self, name: str) -> None:
         proc = self.procs.pop(name, None)
         if proc is None or proc.poll() is not None:
@@ -295,6 +337,29 @@ class Stack:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _listening_pids() -> dict[int, int]:
+    """Listening TCP port -> pid, for the processes of this user that /proc lets us read."""
+    ports: dict[str, int] = {}
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as f:
+            for line in f.readlines()[1:]:
+                cols = line.split()
+                if cols[3] == "0A":
+                    ports[cols[9]] = int(cols[1].rsplit(":", 1)[1], 16)
+    out: dict[int, int] = {}
+    for pid_dir in Path("/proc").iterdir():
+        if not pid_dir.name.isdigit():
+            continue
+        try:
+            for fd in (pid_dir / "fd").iterdir():
+                target = os.readlink(fd)
+                if target.startswith("socket:[") and target[8:-1] in ports:
+                    out.setdefault(ports[target[8:-1]], int(pid_dir.name))
+        except OSError:
+            continue
+    return out
 
 
 def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:

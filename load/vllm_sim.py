@@ -10,6 +10,17 @@ words)`` with ``h`` a sha256 of (model, prompt), so same request -> same text. C
 tokens = min(max_tokens (default 16), natural length) -> finish_reason "length" if cut,
 else "stop"; ``ignore_eos: true`` generates exactly max_tokens.
 
+Answer model: when the request carries ``x-sim-family: F`` (the load generator sets it
+per paraphrase family), the answer depends on (model, F) only -- two paraphrases of one
+family get the same text, two families different texts -- so a benchmark can judge
+whether a cached answer was right: ``[<model>] Family <F> answer: <filler...>``.
+
+Upstream key: with ``--api-key KEY`` (or ``VLLM_SIM_API_KEY``) the /v1 endpoints require
+``authorization: Bearer KEY`` and answer an OpenAI-style 401 otherwise. Every header name
+and every authorization / x-api-key value received is recorded (``/admin/state``:
+``header_names``, ``credentials``) so a test can assert a client's key never got here.
+``/admin/served`` gives each answered request's service time by its ``x-load-id`` header.
+
 Latency: TTFT = base_ttft_ms + per_prompt_token_ms * prompt_tokens + extra_latency_ms
 (faults.ttft_ms replaces base_ttft_ms); each later token waits
 itl_ms * (1 + batch_slowdown * running). Admission is FIFO: at most max_num_seqs running
@@ -23,6 +34,7 @@ import asyncio
 import contextlib
 import dataclasses
 import hashlib
+import os
 import random
 import time
 import uuid
@@ -44,6 +56,7 @@ _FILLER = ["alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hot
 _TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,
                  5.0, 10.0)
 _E2E_BUCKETS = (0.05, 0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 60.0)
+_MAX_IDS = 500_000  # service times kept by x-load-id
 _TUNABLE = ("base_ttft_ms", "per_prompt_token_ms", "itl_ms", "batch_slowdown", "max_num_seqs",
             "kv_cache_tokens")
 
@@ -60,6 +73,7 @@ class SimConfig:
     default_max_tokens: int = 16
     seed: int = 0
     name: str = ""  # if set, sent back as the `x-sim-name` response header
+    api_key: str = ""  # if set, /v1 requires `authorization: Bearer <api_key>`
 
 
 @dataclass
@@ -83,7 +97,7 @@ class ClientGoneError(Exception):
     """The client disconnected while its request was pending."""
 
 
-_ERR_TYPES = {400: "BadRequestError", 404: "NotFoundError", 429: "RateLimitError",
+_ERR_TYPES = {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError", 429: "RateLimitError",
               503: "ServiceUnavailableError"}
 
 
@@ -94,8 +108,9 @@ def error_response(status: int, message: str, param: str | None = None) -> web.R
                         content_type="application/json")
 
 
-def _json(obj: Any, status: int = 200) -> web.Response:
-    return web.Response(status=status, body=orjson.dumps(obj), content_type="application/json")
+def _json(obj: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
+    return web.Response(status=status, body=orjson.dumps(obj), content_type="application/json",
+                        headers=headers)
 
 
 @dataclass(eq=False)
@@ -212,7 +227,28 @@ class SimState:
         self.received = self.errors = self.cancelled = 0
         self.last_request: dict[str, Any] = {}
         self.last_headers: dict[str, dict[str, str]] = {}
+        self.header_names: Counter[str] = Counter()
+        self.credentials: set[str] = set()
+        self.unauthorized = 0
+        self.by_family: Counter[str] = Counter()
+        self.service_ms: dict[str, float] = {}  # by the x-load-id request header
+        self.max_service_ms = 0.0
         self.metrics = Metrics(self)
+
+    def record_service(self, load_id: str, ms: float) -> None:
+        self.max_service_ms = max(self.max_service_ms, ms)
+        if load_id and len(self.service_ms) < _MAX_IDS:
+            self.service_ms[load_id] = round(ms, 2)
+
+    def record_headers(self, headers: dict[str, str]) -> None:
+        self.header_names.update(headers.keys())
+        for name in ("authorization", "x-api-key"):
+            if name in headers:
+                self.credentials.add(headers[name])
+
+    def authorized(self, headers: dict[str, str]) -> bool:
+        key = self.cfg.api_key
+        return not key or headers.get("authorization", "") == f"Bearer {key}"
 
     def snapshot(self) -> dict[str, Any]:
         return {
@@ -220,8 +256,11 @@ class SimState:
             "received": self.received, "errors": self.errors, "cancelled": self.cancelled,
             "running": self.sched.running, "waiting": len(self.sched.queue), "hung": self.hung,
             "kv_cache_used_tokens": self.sched.kv_used,
-            "faults": dataclasses.asdict(self.faults), "config": dataclasses.asdict(self.cfg),
+            "faults": dataclasses.asdict(self.faults),
+            "config": {**dataclasses.asdict(self.cfg), "api_key": "set" if self.cfg.api_key else ""},
             "last_request": self.last_request, "last_headers": self.last_headers,
+            "header_names": dict(self.header_names), "credentials": sorted(self.credentials),
+            "unauthorized": self.unauthorized, "served_by_family": dict(self.by_family),
         }
 
 
@@ -236,7 +275,12 @@ def _text_of(content: Any) -> str:
     return ""
 
 
-def _answer(model: str, prompt: str, snippet: str) -> list[str]:
+def _answer(model: str, prompt: str, snippet: str, family: str = "") -> list[str]:
+    if family:  # the same text for every paraphrase of one family
+        h = int.from_bytes(hashlib.sha256(f"{model}\0family\0{family}".encode()).digest()[:8], "big")
+        header = [f"[{model}]", "Family", family[:40], "answer:"]
+        rng = random.Random(h)
+        return header + [rng.choice(_FILLER) for _ in range(8 + h % 25)]
     h = int.from_bytes(hashlib.sha256(f"{model}\0{prompt}".encode()).digest()[:8], "big")
     header = [f"[{model}]", "Answer", "to:", *snippet[:40].split()]
     rng = random.Random(h)
@@ -278,8 +322,14 @@ async def _completion(request: web.Request, chat: bool) -> web.StreamResponse:
     except orjson.JSONDecodeError:
         body = raw.decode("utf-8", "replace")
     sim.last_request[request.path] = body
-    sim.last_headers[request.path] = {k.lower(): v for k, v in request.headers.items()}
+    seen = {k.lower(): v for k, v in request.headers.items()}
+    sim.last_headers[request.path] = seen
+    sim.record_headers(seen)
+    family = seen.get("x-sim-family", "")
     try:
+        if not sim.authorized(seen):
+            sim.unauthorized += 1
+            raise ApiError(401, "Incorrect API key provided.", "authorization")
         if not isinstance(body, dict):
             raise ApiError(400, "request body must be a JSON object")
         model = body.get("model") or sim.cfg.models[0]
@@ -321,7 +371,7 @@ async def _completion(request: web.Request, chat: bool) -> web.StreamResponse:
         sim.cancelled += 1
         return web.Response(status=499)
 
-    words = _answer(model, prompt, snippet)
+    words = _answer(model, prompt, snippet, family)
     if body.get("ignore_eos"):
         while len(words) < max_tokens:
             words.append(_FILLER[len(words) % len(_FILLER)])
@@ -384,6 +434,9 @@ async def _completion(request: web.Request, chat: bool) -> web.StreamResponse:
     text = " ".join(tokens)
     sim.served += 1
     sim.served_by_model[model] += 1
+    if family:
+        sim.by_family[family] += 1
+    sim.record_service(seen.get("x-load-id", ""), (time.monotonic() - t0) * 1000)
     m = sim.metrics
     m.prompt.labels(model).inc(n_prompt)
     m.gen.labels(model).inc(len(tokens))
@@ -404,7 +457,7 @@ async def _completion(request: web.Request, chat: bool) -> web.StreamResponse:
     choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": finish}
     choice.update({"message": {"role": "assistant", "content": text}} if chat else {"text": text})
     return _json({"id": rid, "object": obj, "created": created, "model": model,
-                  "choices": [choice], "usage": usage}, 200)
+                  "choices": [choice], "usage": usage}, 200, headers)
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
@@ -417,6 +470,11 @@ async def completions(request: web.Request) -> web.StreamResponse:
 
 async def models(request: web.Request) -> web.Response:
     sim = request.app[STATE]
+    seen = {k.lower(): v for k, v in request.headers.items()}
+    sim.record_headers(seen)
+    if not sim.authorized(seen):
+        sim.unauthorized += 1
+        return error_response(401, "Incorrect API key provided.", "authorization")
     data = [{"id": m, "object": "model", "created": 0, "owned_by": "vllm", "root": m,
              "parent": None, "max_model_len": sim.cfg.kv_cache_tokens} for m in sim.cfg.models]
     return _json({"object": "list", "data": data})
@@ -433,6 +491,12 @@ async def metrics(request: web.Request) -> web.Response:
 
 async def admin_state(request: web.Request) -> web.Response:
     return _json(request.app[STATE].snapshot())
+
+
+async def admin_served(request: web.Request) -> web.Response:
+    """Service time (ms, receipt to last token) of each answered request by its x-load-id."""
+    sim = request.app[STATE]
+    return _json({"max_ms": round(sim.max_service_ms, 2), "by_id": sim.service_ms})
 
 
 async def _json_body(request: web.Request) -> dict[str, Any]:
@@ -489,17 +553,26 @@ async def admin_reset(request: web.Request) -> web.Response:
     return _json(request.app[STATE].snapshot())
 
 
+async def _name_every_response(request: web.Request, response: web.StreamResponse) -> None:
+    """Errors too carry `x-sim-name`: a client can tell a model server's answer from the gate's."""
+    name = request.app[STATE].cfg.name
+    if name and request.path.startswith("/v1/"):
+        response.headers["x-sim-name"] = name
+
+
 def create_app(config: SimConfig | None = None) -> web.Application:
     app = web.Application(client_max_size=64 * 1024 * 1024)
     cfg = dataclasses.replace(config or SimConfig())
     cfg.models = list(cfg.models)
     app[STATE] = SimState(cfg)
+    app.on_response_prepare.append(_name_every_response)
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_post("/v1/completions", completions)
     app.router.add_get("/v1/models", models)
     app.router.add_get("/health", health)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/admin/state", admin_state)
+    app.router.add_get("/admin/served", admin_served)
     app.router.add_post("/admin/faults", admin_faults)
     app.router.add_post("/admin/config", admin_config)
     app.router.add_post("/admin/reset", admin_reset)
@@ -559,6 +632,7 @@ def main(argv: list[str] | None = None) -> None:
     a = vars(p.parse_args(argv))
     host, port = a.pop("host"), a.pop("port")
     cfg = SimConfig(**{**a, "models": a["models"] or d.models})
+    cfg.api_key = cfg.api_key or os.environ.get("VLLM_SIM_API_KEY", "")
     web.run_app(create_app(cfg), host=host, port=port, handler_cancellation=True, backlog=4096,
                 access_log=None, print=None)
 
