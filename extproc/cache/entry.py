@@ -87,6 +87,7 @@ class Capture:
     _buf: bytearray = field(default_factory=bytearray)
     _events: list[tuple[float, str]] = field(default_factory=list)
     _first: float | None = None
+    _done: bool = False
 
     def feed(self, chunk: bytes) -> None:
         if self.overflow or not chunk:
@@ -96,6 +97,7 @@ class Capture:
             self.overflow = True
             self._buf.clear()
             self._events.clear()
+            self._done = False
             return
         self._buf += chunk.replace(b"\r\n", b"\n") if self.kind == "sse" else chunk
         if self.kind == "sse":
@@ -111,12 +113,13 @@ class Capture:
             now = self.clock()
             self._first = now if self._first is None else self._first
             self._events.append((round(now - self._first, 4), data))
+            self._done = self._done or data == DONE
 
     @property
     def complete(self) -> bool:
         """The stream has sent `[DONE]`: nothing after it changes the answer, so it can be stored
         before that last event reaches the client (a client stops reading at `[DONE]`)."""
-        return self.kind == "sse" and not self.overflow and any(data == DONE for _, data in self._events)
+        return self.kind == "sse" and not self.overflow and self._done
 
     def finish(self, allow_tool_calls: bool) -> tuple[str, tuple[tuple[float, str], ...]] | None:
         """(body, events) when the answer is complete and may be kept, else None; with `usage`."""

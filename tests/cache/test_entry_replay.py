@@ -208,3 +208,6 @@ def test_a_stream_is_complete_at_done_before_its_end() -> None:
     assert capture.complete  # storable now: the end of the body may come after the client stopped reading
     assert capture.finish(allow_tool_calls=False) is not None
     assert not Capture("json", 1 << 20).complete
+    too_large = Capture("sse", 64)
+    too_large.feed(sse(*STREAM))
+    assert not too_large.complete  # past max_bytes nothing is kept, [DONE] or not
