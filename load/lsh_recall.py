@@ -51,10 +51,10 @@ TEMPLATE = {
 }
 
 
-def pairs(name: str, n: int) -> tuple[list[str], list[str]]:
+def pairs(name: str, n: int, data: Path = DATA) -> tuple[list[str], list[str]]:
     stored: dict[str, None] = {}
     queries: dict[str, None] = {}
-    for line in (DATA / name).read_text(encoding="utf-8").splitlines():
+    for line in (data / name).read_text(encoding="utf-8").splitlines():
         a, b, *_ = line.split("\t")
         if a != b and a not in stored and b not in queries:
             stored.setdefault(a)
@@ -193,6 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--band-cap", type=int, default=DEFAULT_BAND_CAP, help="entries an LSH bucket keeps")
     parser.add_argument("--template", action="store_true", help="wrap every sentence in one prompt template")
     parser.add_argument("--lang", action="append", help="en, zh (default both)")
+    parser.add_argument("--data", type=Path, default=DATA, help="the paraphrase sets' folder")
     args = parser.parse_args(argv)
     from extproc.embed import load_embedder
 
@@ -208,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
                     {"embedder": name, "lang": lang, "target": "-", "note": "semantic off at every target"}
                 )
                 continue
-            stored, queries = pairs(file, args.n)
+            stored, queries = pairs(file, args.n, args.data)
             if args.template:
                 stored, queries = (
                     [TEMPLATE[lang].format(t) for t in stored],
