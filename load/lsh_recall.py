@@ -78,8 +78,9 @@ async def compare(
     q: np.ndarray,
     cap: int,
     band_cap: int = DEFAULT_BAND_CAP,
+    center: np.ndarray | None = None,
 ) -> dict[str, Any]:
-    matcher = Matcher.create(_Dim(policy.embedder, d.shape[1]), policy, max_candidates=cap)  # type: ignore[arg-type]
+    matcher = Matcher.create(_Dim(policy.embedder, d.shape[1]), policy, max_candidates=cap, center=center)  # type: ignore[arg-type]
     assert matcher is not None
     store = MemoryStore()
     for i, v in enumerate(d):
@@ -193,6 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--band-cap", type=int, default=DEFAULT_BAND_CAP, help="entries an LSH bucket keeps")
     parser.add_argument("--template", action="store_true", help="wrap every sentence in one prompt template")
     parser.add_argument("--lang", action="append", help="en, zh (default both)")
+    parser.add_argument("--center", action="store_true", help="hash around the stored vectors' mean")
     parser.add_argument("--data", type=Path, default=DATA, help="the paraphrase sets' folder")
     args = parser.parse_args(argv)
     from extproc.embed import load_embedder
@@ -216,6 +218,7 @@ def main(argv: list[str] | None = None) -> int:
                     [TEMPLATE[lang].format(t) for t in queries],
                 )
             d, q = embedder.embed_sync(stored), embedder.embed_sync(queries)
+            center = d.mean(axis=0) if args.center else None
             for target, policy in policies.items():
                 if not policy.enabled(lang):
                     rows.append({"embedder": name, "lang": lang, "target": target, "note": "semantic off"})
@@ -224,16 +227,20 @@ def main(argv: list[str] | None = None) -> int:
                     "embedder": name,
                     "lang": lang,
                     "target": target,
-                    "prompts": "template" if args.template else "plain",
-                    **asyncio.run(compare(policy, lang, stored, queries, d, q, args.cap, args.band_cap)),
+                    "prompts": ("template" if args.template else "plain")
+                    + (", centred" if args.center else ""),
+                    **asyncio.run(
+                        compare(policy, lang, stored, queries, d, q, args.cap, args.band_cap, center)
+                    ),
                 }
-                matcher = Matcher.create(_Dim(name, d.shape[1]), policy, max_candidates=args.cap)  # type: ignore[arg-type]
+                dim: Any = _Dim(name, d.shape[1])  # all Matcher.create reads of an embedder
+                matcher = Matcher.create(dim, policy, max_candidates=args.cap, center=center)
                 assert matcher is not None
                 row.update(redis_timing(d, matcher, args.cap, band_cap=args.band_cap))
                 rows.append(row)
                 print(json.dumps(row), flush=True)
     RESULTS.mkdir(exist_ok=True)
-    name = "lsh_recall_template" if args.template else "lsh_recall"
+    name = "lsh_recall" + ("_template" if args.template else "") + ("_centred" if args.center else "")
     (RESULTS / f"{name}.json").write_text(json.dumps(rows, indent=1))
     head = [
         "embedder",
@@ -258,10 +265,12 @@ def main(argv: list[str] | None = None) -> int:
     ]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     lines += ["| " + " | ".join(str(row.get(h, "")) for h in head) + " |" for row in rows]
+    flags = (" --template" if args.template else "") + (" --center" if args.center else "")
     text = (
-        f"LSH recall vs brute force at the operating point (`python -m load.lsh_recall --n {args.n}"
-        f"{' --template' if args.template else ''}`), max_candidates {args.cap}, buckets capped at "
-        f"{args.band_cap} entries.\n\n" + "\n".join(lines) + "\n"
+        f"LSH recall vs brute force at the operating point (`python -m load.lsh_recall --n {args.n}{flags}`),"
+        f" max_candidates {args.cap}, buckets capped at {args.band_cap} entries.\n\n"
+        + "\n".join(lines)
+        + "\n"
     )
     (RESULTS / f"{name}.md").write_text(text)
     print(text)
