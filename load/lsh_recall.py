@@ -240,7 +240,13 @@ def main(argv: list[str] | None = None) -> int:
                 rows.append(row)
                 print(json.dumps(row), flush=True)
     RESULTS.mkdir(exist_ok=True)
-    name = "lsh_recall" + ("_template" if args.template else "") + ("_centred" if args.center else "")
+    flags = "".join(f" --embedder {e}" for e in args.embedder or []) + "".join(
+        f" --lang {x}" for x in args.lang or []
+    )
+    flags += "".join(f" --target {t}" for t in args.target or [])
+    flags += (" --template" if args.template else "") + (" --center" if args.center else "")
+    flags += f" --band-cap {args.band_cap}" if args.band_cap != DEFAULT_BAND_CAP else ""
+    name = "lsh_recall" + flags.replace(" --", "_").replace(" ", "-")
     (RESULTS / f"{name}.json").write_text(json.dumps(rows, indent=1))
     head = [
         "embedder",
@@ -265,7 +271,6 @@ def main(argv: list[str] | None = None) -> int:
     ]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     lines += ["| " + " | ".join(str(row.get(h, "")) for h in head) + " |" for row in rows]
-    flags = (" --template" if args.template else "") + (" --center" if args.center else "")
     text = (
         f"LSH recall vs brute force at the operating point (`python -m load.lsh_recall --n {args.n}{flags}`),"
         f" max_candidates {args.cap}, buckets capped at {args.band_cap} entries.\n\n"
