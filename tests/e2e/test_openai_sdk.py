@@ -134,7 +134,8 @@ def stored_by_reading_to_the_end(stack: Stack, chat: bool, **kw: Any) -> None:
         api: Any = client.chat.completions if chat else client.completions
         with api.with_streaming_response.create(**kw) as response:
             assert response.headers["x-gate-cache"] == "miss"
-            assert any(line == "data: [DONE]" for line in response.iter_lines())
+            lines = list(response.iter_lines())  # every line: stopping at [DONE] would close early
+            assert "data: [DONE]" in lines
 
 
 # ---------------------------------------------------------------- answers, hits and usage
