@@ -10,9 +10,12 @@ ranking algorithm as the Redis script), query with the second, and compare two l
   exact cosine → the best through `decide` — what `extproc.stages.cache` does.
 
 recall = share of brute-force hits the cache also makes (the same stored answer). Also the
-candidates a lookup fetches, and the Redis time of one candidates call at that store size.
+candidates a lookup fetches, the largest LSH bucket, and the Redis time of one candidates call
+at that store size. Buckets keep at most `--band-cap` entries (the store's cap, the default);
+`--template` wraps every sentence in one long prompt template, the skewed traffic on which the
+cap bites (load/bench_candidates.py times it at 100,000 entries).
 
-Run: ``python -m load.lsh_recall [--n 2000] [--target 0.8 --target 0.9]``
+Run: ``python -m load.lsh_recall [--n 2000] [--target 0.8 --target 0.9] [--template] [--band-cap 64]``
 Writes load/results/lsh_recall.json and .md.
 """
 
@@ -24,6 +27,7 @@ import json
 import subprocess
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -32,19 +36,25 @@ import redis.asyncio as aioredis
 
 from extproc.cache.redis_store import RedisStore
 from extproc.cache.semantic import Matcher, floor
-from extproc.cache.store import MemoryStore, Put
+from extproc.cache.store import DEFAULT_BAND_CAP, MemoryStore, Put
 from extproc.dedup.decide import Policy, load_policy
 from load.stack import free_port, wait_port
 
 DATA = Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "paraphrase"
 RESULTS = Path(__file__).resolve().parent / "results"
 SETS = {"en": "stsb-en.train.tsv", "zh": "atec-zh.valid.tsv"}
+TEMPLATE = {
+    "en": "You are the support assistant of an online shop. Answer the customer's message below in a "
+    "friendly tone, in at most three sentences, and do not make up order numbers.\n\nMessage: {}",
+    "zh": "你是一家网上商店的客服助手。请用友好的语气、不超过三句话回答下面这位顾客的问题，"
+    "不要编造订单号。\n\n问题：{}",
+}
 
 
-def pairs(name: str, n: int) -> tuple[list[str], list[str]]:
+def pairs(name: str, n: int, data: Path = DATA) -> tuple[list[str], list[str]]:
     stored: dict[str, None] = {}
     queries: dict[str, None] = {}
-    for line in (DATA / name).read_text(encoding="utf-8").splitlines():
+    for line in (data / name).read_text(encoding="utf-8").splitlines():
         a, b, *_ = line.split("\t")
         if a != b and a not in stored and b not in queries:
             stored.setdefault(a)
@@ -60,16 +70,37 @@ class _Dim:
 
 
 async def compare(
-    policy: Policy, lang: str, stored: list[str], queries: list[str], d: np.ndarray, q: np.ndarray, cap: int
+    policy: Policy,
+    lang: str,
+    stored: list[str],
+    queries: list[str],
+    d: np.ndarray,
+    q: np.ndarray,
+    cap: int,
+    band_cap: int = DEFAULT_BAND_CAP,
+    center: np.ndarray | None = None,
 ) -> dict[str, Any]:
-    matcher = Matcher.create(_Dim(policy.embedder, d.shape[1]), policy, max_candidates=cap)  # type: ignore[arg-type]
+    matcher = Matcher.create(_Dim(policy.embedder, d.shape[1]), policy, max_candidates=cap, center=center)  # type: ignore[arg-type]
     assert matcher is not None
     store = MemoryStore()
     for i, v in enumerate(d):
         bands = tuple(matcher.lsh.band_keys(v))
         await store.put(
-            Put("bench", str(i), stored[i].encode(), 3_600_000, len(d) + 1, "t", "m", v.tobytes(), bands)
+            Put(
+                "bench",
+                str(i),
+                stored[i].encode(),
+                3_600_000,
+                len(d) + 1,
+                "t",
+                "m",
+                v.tobytes(),
+                bands,
+                None,
+                band_cap,
+            )
         )
+    uncapped = Counter(k for v in d for k in matcher.lsh.band_keys(v))
     low = policy.languages[lang].min_cosine
     brute_hits = cache_hits = agree = best_found = best_total = 0
     sizes: list[int] = []
@@ -107,10 +138,14 @@ async def compare(
         "best_in_candidates": round(best_found / best_total, 4) if best_total else None,
         "candidates_mean": round(float(np.mean(sizes)), 1),
         "candidates_p99": int(np.percentile(sizes, 99)),
+        "largest_bucket": max(uncapped.values()),
+        "band_cap": band_cap,
     }
 
 
-def redis_timing(d: np.ndarray, matcher: Matcher, cap: int, lookups: int = 200) -> dict[str, float]:
+def redis_timing(
+    d: np.ndarray, matcher: Matcher, cap: int, lookups: int = 200, band_cap: int = DEFAULT_BAND_CAP
+) -> dict[str, float]:
     """p50/p99 of one candidates call on a real redis-server holding these vectors."""
     port = free_port()
     with tempfile.TemporaryDirectory() as tmp:
@@ -119,7 +154,8 @@ def redis_timing(d: np.ndarray, matcher: Matcher, cap: int, lookups: int = 200) 
         )
         try:
             wait_port(port, 10, proc)
-            times = asyncio.run(_time_candidates(f"redis://127.0.0.1:{port}/0", d, matcher, cap, lookups))
+            url = f"redis://127.0.0.1:{port}/0"
+            times = asyncio.run(_time_candidates(url, d, matcher, cap, lookups, band_cap))
         finally:
             proc.kill()
             proc.wait()
@@ -129,12 +165,16 @@ def redis_timing(d: np.ndarray, matcher: Matcher, cap: int, lookups: int = 200) 
     }
 
 
-async def _time_candidates(url: str, d: np.ndarray, matcher: Matcher, cap: int, lookups: int) -> list[float]:
+async def _time_candidates(
+    url: str, d: np.ndarray, matcher: Matcher, cap: int, lookups: int, band_cap: int
+) -> list[float]:
     client = aioredis.Redis.from_url(url)
     store = RedisStore(client)
     for i, v in enumerate(d):
         bands = tuple(matcher.lsh.band_keys(v))
-        await store.put(Put("bench", str(i), b"x", 3_600_000, len(d) + 1, "t", "m", v.tobytes(), bands))
+        await store.put(
+            Put("bench", str(i), b"x", 3_600_000, len(d) + 1, "t", "m", v.tobytes(), bands, None, band_cap)
+        )
     times = []
     for v in d[:lookups]:
         t0 = time.perf_counter()
@@ -151,6 +191,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--n", type=int, default=2000)
     parser.add_argument("--target", type=float, action="append", help="precision targets (default 0.8, 0.9)")
     parser.add_argument("--cap", type=int, default=128, help="cache.semantic.max_candidates")
+    parser.add_argument("--band-cap", type=int, default=DEFAULT_BAND_CAP, help="entries an LSH bucket keeps")
+    parser.add_argument("--template", action="store_true", help="wrap every sentence in one prompt template")
+    parser.add_argument("--lang", action="append", help="en, zh (default both)")
+    parser.add_argument("--center", action="store_true", help="hash around the stored vectors' mean")
+    parser.add_argument("--data", type=Path, default=DATA, help="the paraphrase sets' folder")
     args = parser.parse_args(argv)
     from extproc.embed import load_embedder
 
@@ -158,14 +203,22 @@ def main(argv: list[str] | None = None) -> int:
     for name in args.embedder or ["minilm", "e5-small"]:
         embedder = load_embedder(name, args.model_dir)
         for lang, file in SETS.items():
+            if args.lang and lang not in args.lang:
+                continue
             policies = {t: load_policy(name, t) for t in args.target or [0.8, 0.9]}
             if not any(p.enabled(lang) for p in policies.values()):
                 rows.append(
                     {"embedder": name, "lang": lang, "target": "-", "note": "semantic off at every target"}
                 )
                 continue
-            stored, queries = pairs(file, args.n)
+            stored, queries = pairs(file, args.n, args.data)
+            if args.template:
+                stored, queries = (
+                    [TEMPLATE[lang].format(t) for t in stored],
+                    [TEMPLATE[lang].format(t) for t in queries],
+                )
             d, q = embedder.embed_sync(stored), embedder.embed_sync(queries)
+            center = d.mean(axis=0) if args.center else None
             for target, policy in policies.items():
                 if not policy.enabled(lang):
                     rows.append({"embedder": name, "lang": lang, "target": target, "note": "semantic off"})
@@ -174,19 +227,32 @@ def main(argv: list[str] | None = None) -> int:
                     "embedder": name,
                     "lang": lang,
                     "target": target,
-                    **asyncio.run(compare(policy, lang, stored, queries, d, q, args.cap)),
+                    "prompts": ("template" if args.template else "plain")
+                    + (", centred" if args.center else ""),
+                    **asyncio.run(
+                        compare(policy, lang, stored, queries, d, q, args.cap, args.band_cap, center)
+                    ),
                 }
-                matcher = Matcher.create(_Dim(name, d.shape[1]), policy, max_candidates=args.cap)  # type: ignore[arg-type]
+                dim: Any = _Dim(name, d.shape[1])  # all Matcher.create reads of an embedder
+                matcher = Matcher.create(dim, policy, max_candidates=args.cap, center=center)
                 assert matcher is not None
-                row.update(redis_timing(d, matcher, args.cap))
+                row.update(redis_timing(d, matcher, args.cap, band_cap=args.band_cap))
                 rows.append(row)
                 print(json.dumps(row), flush=True)
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "lsh_recall.json").write_text(json.dumps(rows, indent=1))
+    flags = "".join(f" --embedder {e}" for e in args.embedder or []) + "".join(
+        f" --lang {x}" for x in args.lang or []
+    )
+    flags += "".join(f" --target {t}" for t in args.target or [])
+    flags += (" --template" if args.template else "") + (" --center" if args.center else "")
+    flags += f" --band-cap {args.band_cap}" if args.band_cap != DEFAULT_BAND_CAP else ""
+    name = "lsh_recall" + flags.replace(" --", "_").replace(" ", "-")
+    (RESULTS / f"{name}.json").write_text(json.dumps(rows, indent=1))
     head = [
         "embedder",
         "lang",
         "target",
+        "prompts",
         "floor",
         "rows",
         "bands",
@@ -197,6 +263,8 @@ def main(argv: list[str] | None = None) -> int:
         "best_in_candidates",
         "candidates_mean",
         "candidates_p99",
+        "largest_bucket",
+        "band_cap",
         "redis_p50_ms",
         "redis_p99_ms",
         "note",
@@ -204,10 +272,12 @@ def main(argv: list[str] | None = None) -> int:
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     lines += ["| " + " | ".join(str(row.get(h, "")) for h in head) + " |" for row in rows]
     text = (
-        f"LSH recall vs brute force at the operating point (`python -m load.lsh_recall --n {args.n}`, "
-        f"max_candidates {args.cap}).\n\n" + "\n".join(lines) + "\n"
+        f"LSH recall vs brute force at the operating point (`python -m load.lsh_recall --n {args.n}{flags}`),"
+        f" max_candidates {args.cap}, buckets capped at {args.band_cap} entries.\n\n"
+        + "\n".join(lines)
+        + "\n"
     )
-    (RESULTS / "lsh_recall.md").write_text(text)
+    (RESULTS / f"{name}.md").write_text(text)
     print(text)
     return 0
 

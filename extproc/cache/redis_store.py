@@ -6,7 +6,9 @@ scope lives in one slot of a Redis Cluster and each script touches one slot.
   e:<key>     the entry (PX ttl)            l:<key>   the lease: the leader's token (PX)
   z           key -> expiry ms (size bound and live check)
   v / s       key -> vector bytes / the key's band names
-  b:<band>    keys in one LSH bucket
+  q:<band>    one LSH bucket: key -> expiry ms, capped at the newest `band_cap` keys, so a
+              candidates call reads at most bands x band_cap members however skewed the traffic
+              (a bucket of template prompts would otherwise hold most of the scope)
 Outside the scopes: `gate:c:t:<tenant>` and `gate:c:m:<model>` list a tenant's and a model's
 scopes, for purges.
 """
@@ -33,7 +35,7 @@ local function drop(p, k)
   redis.call('DEL', p .. 'e:' .. k)
   local sigs = redis.call('HGET', p .. 's', k)
   if sigs then
-    for band in string.gmatch(sigs, '%S+') do redis.call('SREM', p .. 'b:' .. band, k) end
+    for band in string.gmatch(sigs, '%S+') do redis.call('ZREM', p .. 'q:' .. band, k) end
   end
   redis.call('HDEL', p .. 'v', k)
   redis.call('HDEL', p .. 's', k)
@@ -56,28 +58,26 @@ return {'leader', ''}
 """
 
 CANDIDATES = _NOW + """
-local limit, out, votes = tonumber(ARGV[1]), {}, {}
-for i = 3, #KEYS do
-  for _, k in ipairs(redis.call('SMEMBERS', KEYS[i])) do votes[k] = (votes[k] or 0) + 1 end
+local limit, votes, by, out = tonumber(ARGV[1]), {}, {}, {}
+for i = 2, #KEYS do
+  for _, k in ipairs(redis.call('ZRANGEBYSCORE', KEYS[i], '(' .. now, '+inf')) do
+    votes[k] = (votes[k] or 0) + 1
+  end
 end
-local by = {}
 for k, n in pairs(votes) do
   local group = by[n]
   if group then group[#group + 1] = k else by[n] = {k} end
 end
-for n = #KEYS - 2, 1, -1 do
+for n = #KEYS - 1, 1, -1 do
   local group = by[n]
   if group then
     table.sort(group)
     for _, k in ipairs(group) do
-      local exp = redis.call('ZSCORE', KEYS[1], k)
-      if exp and tonumber(exp) > now then
-        local v = redis.call('HGET', KEYS[2], k)
-        if v then
-          out[#out + 1] = k
-          out[#out + 1] = v
-          if #out >= 2 * limit then return out end
-        end
+      local v = redis.call('HGET', KEYS[1], k)
+      if v then
+        out[#out + 1] = k
+        out[#out + 1] = v
+        if #out >= 2 * limit then return out end
       end
     end
   end
@@ -87,6 +87,7 @@ return out
 
 PUT = _NOW + _DROP + """
 local p, k, ttl, token, max = ARGV[1], ARGV[2], tonumber(ARGV[4]), ARGV[5], tonumber(ARGV[6])
+local cap = tonumber(ARGV[8])
 drop(p, k)
 redis.call('SET', p .. 'e:' .. k, ARGV[3], 'PX', ttl)
 if token ~= '' and redis.call('GET', p .. 'l:' .. k) == token then redis.call('DEL', p .. 'l:' .. k) end
@@ -94,9 +95,13 @@ redis.call('ZADD', p .. 'z', now + ttl, k)
 if ARGV[7] ~= '' then
   redis.call('HSET', p .. 'v', k, ARGV[7])
   local names = {}
-  for i = 8, #ARGV do
-    redis.call('SADD', p .. 'b:' .. ARGV[i], k)
-    redis.call('PEXPIRE', p .. 'b:' .. ARGV[i], ttl)
+  for i = 9, #ARGV do
+    local band = p .. 'q:' .. ARGV[i]
+    redis.call('ZADD', band, now + ttl, k)
+    redis.call('ZREMRANGEBYSCORE', band, '-inf', now)
+    local over = redis.call('ZCARD', band) - cap
+    if over > 0 then redis.call('ZREMRANGEBYRANK', band, 0, over - 1) end
+    if redis.call('PTTL', band) < ttl then redis.call('PEXPIRE', band, ttl) end
     names[#names + 1] = ARGV[i]
   end
   redis.call('HSET', p .. 's', k, table.concat(names, ' '))
@@ -153,7 +158,7 @@ class RedisStore:
 
     async def candidates(self, scope: str, bands: list[str], limit: int) -> list[tuple[str, bytes]]:
         p = scope_prefix(scope)
-        keys = [p + "z", p + "v", *(p + "b:" + b for b in bands)]
+        keys = [p + "v", *(p + "q:" + b for b in bands)]
         flat: list[Any] = await self._candidates(keys=keys, args=[limit])
         return [(_text(flat[i]), bytes(flat[i + 1])) for i in range(0, len(flat), 2)]
 
@@ -167,7 +172,7 @@ class RedisStore:
     async def put(self, item: Put) -> None:
         p = scope_prefix(item.scope)
         args: list[Any] = [p, item.key, item.entry, item.ttl_ms, item.token or "", item.max_entries,
-                           item.vector or b"", *item.bands]
+                           item.vector or b"", item.band_cap, *item.bands]
         keys = [p + "e:" + item.key, p + "l:" + item.key, p + "z", p + "v", p + "s"]
         async with self.client.pipeline(transaction=False) as pipe:
             await self._put(keys=keys, args=args, client=pipe)

@@ -2,6 +2,9 @@
 
 Pure: an Entry in, (content type, body) out. SSE → JSON joins the deltas; JSON → SSE sends
 the whole message as one delta, then the finish, the usage when asked for, and `[DONE]`.
+A stream carries usage as OpenAI's does: with `stream_options.include_usage`, `"usage": null`
+on every chunk and one last chunk with `choices: []` and the usage; without it, no usage at all
+(whatever the stream that was stored carried: `stream_options` is not part of the key).
 """
 
 from __future__ import annotations
@@ -36,8 +39,21 @@ def replay(entry: Entry, stream: bool, include_usage: bool, rid: str, created: i
         chunk["id"], chunk["created"] = rid, created
     if not stream:
         return JSON_TYPE, orjson.dumps(chunks_to_json(chunks))
-    kept = [c for c in chunks if c.get("choices") or include_usage]
-    return SSE_TYPE, b"".join(_frame(c) for c in kept) + _frame(DONE)
+    return SSE_TYPE, b"".join(_frame(c) for c in stream_usage(chunks, include_usage)) + _frame(DONE)
+
+
+def stream_usage(chunks: list[dict[str, Any]], include_usage: bool) -> list[dict[str, Any]]:
+    """The answer's chunks with usage as the caller asked for it (the last usage seen counts)."""
+    usage = next((c["usage"] for c in reversed(chunks) if isinstance(c.get("usage"), dict)), None)
+    out = [{k: v for k, v in c.items() if k != "usage"} for c in chunks if c.get("choices")]
+    if not include_usage:
+        return out
+    for chunk in out:
+        chunk["usage"] = None
+    if usage is not None and out:
+        head = {k: out[-1].get(k) for k in ("id", "object", "created", "model")}
+        out.append({**head, "choices": [], "usage": usage})
+    return out
 
 
 def json_to_chunks(doc: dict[str, Any], include_usage: bool) -> list[dict[str, Any]]:
@@ -55,10 +71,8 @@ def json_to_chunks(doc: dict[str, Any], include_usage: bool) -> list[dict[str, A
         first["delta"], last["delta"] = delta, {}
     else:
         first["text"], last["text"] = choice.get("text", ""), ""
-    out = [{**head, "choices": [first]}, {**head, "choices": [last]}]
-    if include_usage and doc.get("usage"):
-        out.append({**head, "choices": [], "usage": doc["usage"]})
-    return out
+    chunks = [{**head, "choices": [first]}, {**head, "choices": [last], "usage": doc.get("usage")}]
+    return stream_usage(chunks, include_usage)
 
 
 def _merge_tool_call(calls: dict[int, dict[str, Any]], part: dict[str, Any]) -> None:

@@ -5,6 +5,10 @@ here (one process, the embedded default) and `RedisStore` (every process and rep
 Entries expire after their TTL; a scope keeps at most `max_entries`, dropping the ones that
 expire first. A lease names the one request (the leader) that computes an answer the others
 wait for; it expires on its own if the leader's process dies.
+
+An LSH bucket keeps at most `band_cap` keys (the ones that expire last): on template-like
+traffic one bucket would otherwise hold most of a scope, and a candidates call would read it
+all. A key dropped from a full bucket stays in its other buckets and in the exact index.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
 Role = Literal["hit", "leader", "follower", "none"]
+DEFAULT_BAND_CAP = 64  # load/results/bench_candidates.md, load/results/lsh_recall.md
 
 
 @dataclass(frozen=True)
@@ -36,6 +41,7 @@ class Put:
     vector: bytes | None = None  # float32; None: exact lookups only (aliases, unreadable text)
     bands: tuple[str, ...] = ()
     token: str | None = None  # the lease to hand back once the entry is in
+    band_cap: int = DEFAULT_BAND_CAP  # keys one LSH bucket keeps, those that expire last
 
 
 class Store(Protocol):
@@ -49,7 +55,8 @@ class Store(Protocol):
 
     async def candidates(self, scope: str, bands: list[str], limit: int) -> list[tuple[str, bytes]]:
         """(key, vector) of live entries sharing at least one band; past `limit`, those that
-        share the most bands (the likeliest to be the closest), then by key."""
+        share the most bands (the likeliest to be the closest), then by key. Reads at most
+        len(bands) x band_cap bucket members, whatever the scope holds."""
 
     async def fetch(self, scope: str, keys: list[str]) -> list[bytes | None]: ...
 
@@ -74,7 +81,7 @@ class _Scope:
     expiry: dict[str, float] = field(default_factory=dict)  # key -> expiry
     vectors: dict[str, bytes] = field(default_factory=dict)
     sigs: dict[str, tuple[str, ...]] = field(default_factory=dict)
-    bands: dict[str, set[str]] = field(default_factory=dict)
+    bands: dict[str, dict[str, float]] = field(default_factory=dict)  # band -> key -> expiry
     tenant: str = ""
     model: str = ""
 
@@ -113,10 +120,10 @@ class MemoryStore:
             return []
         now, out, votes = self.clock(), [], Counter[str]()
         for band in bands:
-            votes.update(s.bands.get(band, ()))
+            votes.update(k for k, exp in s.bands.get(band, {}).items() if exp > now)
         for key in sorted(votes, key=lambda k: (-votes[k], k)):
             vector = s.vectors.get(key)
-            if vector is not None and s.expiry.get(key, 0.0) > now:
+            if vector is not None:
                 out.append((key, vector))
                 if len(out) >= limit:
                     break
@@ -137,13 +144,24 @@ class MemoryStore:
             s.vectors[item.key] = item.vector
             s.sigs[item.key] = item.bands
             for band in item.bands:
-                s.bands.setdefault(band, set()).add(item.key)
+                self._into_band(s, band, item.key, s.expiry[item.key], item.band_cap, now)
         if item.token is not None:
             await self.release(item.scope, item.key, item.token)
         for key in [k for k, exp in s.expiry.items() if exp <= now]:
             self._drop(item.scope, s, key)
         while len(s.expiry) > item.max_entries:
             self._drop(item.scope, s, min(s.expiry, key=lambda k: s.expiry[k]))
+
+    @staticmethod
+    def _into_band(s: _Scope, band: str, key: str, expiry: float, cap: int, now: float) -> None:
+        """As the Redis script: add, forget the expired, then keep the `cap` that expire last."""
+        members = s.bands.setdefault(band, {})
+        members[key] = expiry
+        for old in [k for k, exp in members.items() if exp <= now]:
+            del members[old]
+        if len(members) > cap:
+            for old in sorted(members, key=lambda k: (members[k], k))[: len(members) - cap]:
+                del members[old]
 
     def _drop(self, scope: str, s: _Scope, key: str) -> None:
         self.entries.pop((scope, key), None)
@@ -152,7 +170,7 @@ class MemoryStore:
         for band in s.sigs.pop(key, ()):
             members = s.bands.get(band)
             if members is not None:
-                members.discard(key)
+                members.pop(key, None)
                 if not members:
                     del s.bands[band]
 

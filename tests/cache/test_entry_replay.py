@@ -148,3 +148,66 @@ def test_completions_replay_both_ways() -> None:
     assert stream_kept is not None
     _, back = replay(entry("sse", stream_kept), False, False, "cmpl-3", 6)
     assert orjson.loads(back)["choices"][0] == {**doc["choices"][0]}
+
+
+def _no_usage(doc: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in doc.items() if k != "usage"}
+
+
+STORED = {  # what the upstream sent: with its usage, or without (a stream not asked for it)
+    "json with usage": ("json", [orjson.dumps(JSON)]),
+    "json without usage": ("json", [orjson.dumps(_no_usage(JSON))]),
+    "stream with usage": ("sse", [sse(*STREAM)]),
+    "stream without usage": ("sse", [sse(*STREAM[:3], "[DONE]")]),
+}
+
+
+def _usage_of(body: bytes, stream: bool) -> tuple[list[Any], Any]:
+    """(the usage field of every choice chunk, the usage the answer reports)."""
+    if not stream:
+        return [], orjson.loads(body).get("usage")
+    frames = [f.removeprefix(b"data: ") for f in body.split(b"\n\n") if f]
+    assert frames[-1] == b"[DONE]"
+    chunks = [orjson.loads(f) for f in frames[:-1]]
+    with_choices = [c for c in chunks if c["choices"]]
+    tail = [c for c in chunks if not c["choices"]]
+    assert len(tail) <= 1 and chunks[: len(with_choices)] == with_choices  # the usage chunk comes last
+    return [c.get("usage", "absent") for c in with_choices], tail[0]["usage"] if tail else None
+
+
+@pytest.mark.parametrize("stored", list(STORED))
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+@pytest.mark.parametrize("include_usage", [False, True], ids=["", "include_usage"])
+def test_every_framing_carries_usage_as_openai_does(stored: str, stream: bool, include_usage: bool) -> None:
+    kind, pieces = STORED[stored]
+    clock = itertools.count(0, 0.25).__next__
+    capture = Capture(kind, 1 << 20, clock, prompt_tokens=7)  # type: ignore[arg-type]
+    for piece in pieces:
+        capture.feed(piece)
+    kept = capture.finish(allow_tool_calls=False)
+    assert kept is not None
+    _, body = replay(entry(kind, kept), stream, include_usage, "chatcmpl-new", 99)
+    per_chunk, usage = _usage_of(body, stream)
+    if stream and not include_usage:
+        assert usage is None and set(per_chunk) == {"absent"}
+        return
+    assert set(per_chunk) <= {None}  # a stream asking for usage: null on each chunk, then the usage
+    assert usage is not None
+    if stored.endswith("with usage"):
+        assert usage == {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10}
+        return
+    # Counted by the gate's tokenizer ("Paris is it.": 4 word pieces), marked as an estimate.
+    assert usage == {"prompt_tokens": 7, "completion_tokens": 4, "total_tokens": 11, "estimated": True}
+
+
+def test_a_stream_is_complete_at_done_before_its_end() -> None:
+    capture = Capture("sse", 1 << 20)
+    capture.feed(sse(*STREAM[:3]))
+    assert not capture.complete
+    capture.feed(sse("[DONE]"))
+    assert capture.complete  # storable now: the end of the body may come after the client stopped reading
+    assert capture.finish(allow_tool_calls=False) is not None
+    assert not Capture("json", 1 << 20).complete
+    too_large = Capture("sse", 64)
+    too_large.feed(sse(*STREAM))
+    assert not too_large.complete  # past max_bytes nothing is kept, [DONE] or not

@@ -31,8 +31,10 @@ def put(
     vector: bytes | None = None,
     bands: tuple[str, ...] = (),
     token: str | None = None,
+    band_cap: int = 64,
 ) -> Put:
-    return Put(scope, key, f"entry-{key}".encode(), ttl_ms, max_entries, tenant, model, vector, bands, token)
+    entry = f"entry-{key}".encode()
+    return Put(scope, key, entry, ttl_ms, max_entries, tenant, model, vector, bands, token, band_cap)
 
 
 async def lease_goes_to_the_first_and_only_the_first(store: Store) -> None:
@@ -121,6 +123,36 @@ async def a_scope_keeps_at_most_max_entries(store: Store) -> None:
     assert sorted(k for k, _ in await store.candidates(S, ["0:1"], 10)) == ["k2", "k3", "k4"]
 
 
+async def a_full_bucket_keeps_the_entries_that_expire_last(store: Store) -> None:
+    # Template traffic: every entry lands in bucket "0:hot"; each also has a bucket of its own.
+    for i in range(6):
+        await store.put(put(f"k{i}", ttl_ms=60_000 + 1000 * i, vector=vec(1, i), bands=("0:hot", f"1:{i}"),
+                            band_cap=3))
+    assert sorted(k for k, _ in await store.candidates(S, ["0:hot"], 10)) == ["k3", "k4", "k5"]
+    # An entry pushed out of the full bucket is still found through its other bucket, and by key.
+    assert await store.candidates(S, ["0:hot", "1:0"], 10) == [
+        ("k0", vec(1, 0)), ("k3", vec(1, 3)), ("k4", vec(1, 4)), ("k5", vec(1, 5))
+    ]
+    assert await store.fetch(S, ["k0"]) == [b"entry-k0"]
+
+
+async def dropping_an_entry_frees_its_place_in_a_full_bucket(store: Store) -> None:
+    for i in range(3):
+        await store.put(put(f"k{i}", ttl_ms=60_000 + 1000 * i, vector=vec(1, i), bands=("0:hot",),
+                            band_cap=3))
+    assert await store.purge(scope=S, key="k2") == 1
+    await store.put(put("k3", ttl_ms=50_000, vector=vec(1, 3), bands=("0:hot",), band_cap=3))
+    assert sorted(k for k, _ in await store.candidates(S, ["0:hot"], 10)) == ["k0", "k1", "k3"]
+
+
+async def an_expired_entry_leaves_no_hole_in_a_full_bucket(store: Store) -> None:
+    await store.put(put("short", ttl_ms=100, vector=vec(0, 1), bands=("0:hot",), band_cap=2))
+    await store.put(put("a", vector=vec(1, 0), bands=("0:hot",), band_cap=2))
+    await asyncio.sleep(0.25)
+    await store.put(put("b", vector=vec(1, 1), bands=("0:hot",), band_cap=2))
+    assert sorted(k for k, _ in await store.candidates(S, ["0:hot"], 10)) == ["a", "b"]
+
+
 async def purge_by_tenant_model_or_key(store: Store) -> None:
     await store.put(put("a", scope="s1", tenant="acme", model="m1", vector=vec(1, 0), bands=("0:1",)))
     await store.put(put("b", scope="s1", tenant="acme", model="m1"))
@@ -149,6 +181,9 @@ CASES: list[Callable[[Store], Awaitable[None]]] = [
     candidates_share_a_band_and_carry_their_vector,
     storing_a_key_again_replaces_its_buckets,
     a_scope_keeps_at_most_max_entries,
+    a_full_bucket_keeps_the_entries_that_expire_last,
+    dropping_an_entry_frees_its_place_in_a_full_bucket,
+    an_expired_entry_leaves_no_hole_in_a_full_bucket,
     purge_by_tenant_model_or_key,
 ]
 
