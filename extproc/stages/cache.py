@@ -18,7 +18,7 @@ import uuid
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from ..cache.entry import Capture, Entry, content_kind
+from ..cache.entry import Capture, Count, Entry, content_kind
 from ..cache.flight import Flight
 from ..cache.keys import exact_key, normalise, question
 from ..cache.lease import Leases
@@ -53,7 +53,7 @@ class Cache(Stage):
         self, config: CacheConfig, store: Store, leases: Leases, guard: StoreGuard, metrics: Metrics,
         matchers: Matchers, *, canon: Callable[[str], str] = normalise,
         clock: Callable[[], float] = time.monotonic, may_wait_s: Callable[[Exchange], float] | None = None,
-        op_timeout_s: float | None = None,
+        op_timeout_s: float | None = None, count: Count | None = None,
     ) -> None:
         self.config = config
         self.store = store
@@ -66,6 +66,7 @@ class Cache(Stage):
         # How long a request may wait for a slot (its admission deadline): a follower waits no longer.
         self.may_wait_s = may_wait_s or (lambda ex: config.coalesce.max_wait_s)
         self.op_timeout_s = op_timeout_s
+        self.count = count  # the gate's tokenizer, for the usage of answers that came without one
         self.embed_timeout_s = config.semantic.embed_timeout_ms / 1000
 
     @classmethod
@@ -77,7 +78,7 @@ class Cache(Stage):
 
         budget = c.op_timeout_ms / 1000 if c.op_timeout_ms is not None else None
         return cls(c, services.answers, services.leases, services.store, services.metrics, services.matchers,
-                   canon=canonical, may_wait_s=may_wait_s, op_timeout_s=budget)
+                   canon=canonical, may_wait_s=may_wait_s, op_timeout_s=budget, count=services.tokens.count)
 
     async def _timed(self, f: Flight, call: Coroutine[Any, Any, T], op: str) -> T | None:
         result = await self.guard.run(call, None, f"cache_{op}", self.op_timeout_s)
@@ -211,7 +212,7 @@ class Cache(Stage):
             return
         kind = content_kind(headers.get("content-type", ""))
         if 200 <= status < 300 and kind is not None and f.access.store and f.store_ok:
-            f.capture = Capture(kind, self.config.max_entry_bytes, self.clock)
+            f.capture = Capture(kind, self.config.max_entry_bytes, self.clock, ex.prompt_tokens, self.count)
             ex.capture_body = True
             return
         if f.access.store and f.store_ok:
@@ -223,7 +224,9 @@ class Cache(Stage):
         if not isinstance(f, Flight) or f.capture is None:
             return
         f.capture.feed(chunk)
-        if not end:
+        # A stream is whole at [DONE]: store it before [DONE] goes on to the client, which may
+        # close the connection right there (OpenAI's sync SDK does) before Envoy's end arrives.
+        if not end and not f.capture.complete:
             return
         capture, f.capture = f.capture, None
         kept = capture.finish(self.config.cache_tool_calls)

@@ -416,12 +416,6 @@ class TailStack(Stack):
         self.pool_ports["primary"] = primary
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the cache stage stores a stream at the body's end_of_stream, not at [DONE]: the sync SDK "
-    "closes the connection at [DONE], Envoy resets the request before the end arrives, and the "
-    "answer is never stored (fix: store once Capture.complete, in extproc/stages/cache.py)",
-)
 def test_a_streamed_answer_is_a_hit_right_after_its_stream_ends() -> None:
     upstream = SlowTail()
     config = {
