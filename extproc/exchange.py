@@ -35,7 +35,11 @@ class Exchange:
     path: str
     headers: dict[str, str]
     stripped: list[str] = field(default_factory=list)
+    # What clients and logs call the request (the client's own x-request-id when it sent one).
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    # The gate's own key for it, unique whatever a client sends: slot grants, rate-limit
+    # verdicts and breaker calls are keyed by this, never by an id a client chose.
+    uid: str = field(default_factory=lambda: uuid.uuid4().hex)
     started: float = field(default_factory=time.perf_counter)
     body: bytes = b""
     payload: dict[str, Any] | None = None

@@ -86,4 +86,4 @@ def plan(config: RateLimit, ex: Exchange, ip: str | None, fingerprint: str | Non
             block=round(r.block_s * US),
             info=info,
         )
-    return Check(tuple(buckets), repeat, f"{p}done:{ex.request_id}")
+    return Check(tuple(buckets), repeat, f"{p}done:{ex.uid}")

@@ -95,7 +95,7 @@ class Admission(Stage):
         s = self.settings
         cls = ex.priority
         ticket = Ticket(
-            id=ex.request_id,
+            id=ex.uid,
             cls=cls,
             urgent=is_urgent(last_user_text(ex.payload), s.urgency_words),
             tokens=estimated_tokens(ex.payload, ex.prompt_tokens, s.default_max_tokens),
@@ -123,4 +123,4 @@ class Admission(Stage):
         if not isinstance(held, Held):
             return
         ok = ex.status is not None and ex.status < 500
-        await held.slots.release(ex.request_id, 0, time.perf_counter() - held.granted_at, ok)
+        await held.slots.release(ex.uid, 0, time.perf_counter() - held.granted_at, ok)

@@ -90,7 +90,7 @@ class Breaker(Stage):
         else:
             version = choice.version
         call = ex.state[self.name] = Call(pool, version, wants_stream(ex.payload))
-        self.breakers.begin(pool, ex.request_id, version, lambda: self._waiting(ex, call))
+        self.breakers.begin(pool, ex.uid, version, lambda: self._waiting(ex, call))
         return None
 
     def _waiting(self, ex: Exchange, call: Call) -> float | None:
@@ -130,7 +130,7 @@ class Breaker(Stage):
         call = ex.state.pop(self.name, None)
         if not isinstance(call, Call):
             return
-        self.breakers.end(call.pool, ex.request_id)
+        self.breakers.end(call.pool, ex.uid)
         if ex.upstream_started is None:
             return
         latency, error = measure(call, ex.upstream_started, time.perf_counter(), self.config.stream_signal)

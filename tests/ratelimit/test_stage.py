@@ -15,7 +15,7 @@ from extproc.ratelimit.keys import client_ip, plan, prompt_fingerprint
 from extproc.ratelimit.store import MemoryStore, RedisStore
 from extproc.stages.identity import Identity as IdentityStage
 from extproc.stages.ratelimit import RateLimit, duration
-from load.stack import free_port
+from load.stack import RedisServer, free_port
 from tests.services import guard
 
 CHAT = "/v1/chat/completions"
@@ -156,3 +156,27 @@ async def test_disabled_or_unconfigured_limits_cost_nothing() -> None:
                                           (59_000_000, "59s"), (360_000_000, "6m0s"), (61_500_000, "1m2s")])
 def test_reset_durations_read_like_openai(us: int, text: str) -> None:
     assert duration(us) == text
+
+
+@pytest.mark.parametrize("backend", ["memory", "redis"])
+async def test_a_client_reusing_its_request_id_is_still_charged_each_time(
+    backend: str, redis_server: RedisServer
+) -> None:
+    """Verdicts are kept by the gate's own id per request, never by the x-request-id a client sends."""
+    if backend == "redis":
+        if redis_server.proc is None:
+            redis_server.start()
+        redis_server.flush()
+        client = aioredis.Redis.from_url(redis_server.url)
+        s = stage(RedisStore(client))
+    else:
+        s = stage()
+    statuses = []
+    for i in range(4):
+        ex = await exchange({"authorization": "Bearer sk-std", "x-request-id": "same-id"}, chat(f"q{i}"))
+        ex.request_id = "same-id"
+        reply = await s.on_request(ex)
+        statuses.append(200 if reply is None else reply.status)
+    if backend == "redis":
+        await client.aclose()
+    assert statuses == [200, 200, 429, 429]  # the user's burst of 2, whatever id the client sends
