@@ -192,14 +192,16 @@ class ProtocolError(Exception):
 class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
     def __init__(self, pipeline: Pipeline) -> None:
         self.pipeline = pipeline
-        self._retiring: set[asyncio.Task[None]] = set()
+        self._background: set[asyncio.Task[None]] = set()  # retiring pipelines, ending exchanges
 
     def swap(self, pipeline: Pipeline) -> None:
         """New streams use `pipeline`; open ones finish on the old, which closes after them."""
         old, self.pipeline = self.pipeline, pipeline
-        task = asyncio.get_running_loop().create_task(retire(old))
-        self._retiring.add(task)
-        task.add_done_callback(self._retiring.discard)
+        self._keep(asyncio.get_running_loop().create_task(retire(old)))
+
+    def _keep(self, task: asyncio.Task[None]) -> None:
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     async def Process(  # noqa: N802 - the gRPC method name
         self, request_iterator: AsyncIterator[pb.ProcessingRequest], context: grpc.aio.ServicerContext
@@ -222,7 +224,11 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
         finally:
             metrics.streams_active.dec()
-            await session.close()
+            # Envoy ends a finished stream by cancelling it, and the handler is cancelled (or
+            # closed) with it: an await here could be cut short, and with it the slot's
+            # release, the lease's hand-back and the access line. The end of the exchange runs
+            # as its own task, which nothing cancels.
+            self._keep(asyncio.get_running_loop().create_task(session.close()))
 
 
 async def retire(pipeline: Pipeline, poll_s: float = 0.1, limit_s: float = 600.0) -> None:

@@ -8,6 +8,8 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import time
+from collections.abc import Callable
 
 import httpx
 
@@ -22,6 +24,16 @@ from load.bench_admission import (
     start_scheduler,
 )
 from load.stack import Stack, free_port
+
+
+def settles(condition: Callable[[], bool], within_s: float = 10.0) -> bool:
+    """Whether `condition` holds within `within_s` (it is polled, not timed)."""
+    deadline = time.monotonic() + within_s
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
 
 
 def served(stack: Stack) -> int:
@@ -60,6 +72,8 @@ def test_killing_the_scheduler_loses_nothing_and_a_restart_resumes_queueing() ->
             body = {"model": "llama-3-8b", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}
             r = client.post("/v1/chat/completions", json=body, headers={"authorization": "Bearer sk-vip"})
             assert r.status_code == 200 and "x-gate-queue-ms" in r.headers  # queued through the scheduler
+        # The slot comes back when the exchange ends (Envoy cancels the finished stream).
+        assert settles(lambda: scrape(first_metrics, "gate_queue_in_flight") == 0)
         before = served(stack)
 
         async def run() -> list[Result]:
@@ -77,3 +91,4 @@ def test_killing_the_scheduler_loses_nothing_and_a_restart_resumes_queueing() ->
         gate = stack.metrics_ports[0]
         assert scrape(gate, "gate_admission_total", 'outcome="fail_open"') > 0
         assert scrape(second_metrics, "gate_queue_grants_total") > 0  # the restarted one queues again
+        assert settles(lambda: scrape(second_metrics, "gate_queue_in_flight") == 0)  # every grant released
