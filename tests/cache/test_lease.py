@@ -5,7 +5,6 @@ that gave up, and a lease nobody learned of is handed back."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -17,7 +16,6 @@ from extproc.cache.store import Lookup, Put
 from extproc.config import CacheCoalesce
 from extproc.metrics import Metrics
 from extproc.tasks import Tasks
-from load.stack import RedisServer
 from tests.services import guard
 
 S = "scope"
@@ -39,13 +37,9 @@ class Counting(RedisStore):
 
 
 @pytest.fixture
-async def client(redis_server: RedisServer) -> AsyncIterator[aioredis.Redis]:
-    if redis_server.proc is None:
-        redis_server.start()
-    c = aioredis.Redis.from_url(redis_server.url)
-    await c.flushall()
-    yield c
-    await c.aclose()
+def client(redis_client: aioredis.Redis) -> aioredis.Redis:
+    """A clean real Redis (tests/cache/conftest.py)."""
+    return redis_client
 
 
 def leases(store: RedisStore, client: aioredis.Redis, **coalesce: Any) -> Leases:
