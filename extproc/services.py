@@ -58,6 +58,7 @@ class Services:
         # The seed's adaptive limit: a pool slowing down under load gets fewer slots.
         breakers.subscribe(AdaptiveLimit(config.breaker, pools.set_capacity_factor))
         prefix = config.ratelimit.key_prefix
+        cache_budget_s = c.op_timeout_ms / 1000 if c.op_timeout_ms is not None else None
         return cls(
             metrics=metrics,
             tasks=tasks,
@@ -66,7 +67,7 @@ class Services:
             limits=MemoryLimits(prefix) if redis is None else RedisLimits(redis, prefix),
             budgets=MemoryBudgets() if redis is None else RedisBudgets(redis),
             answers=answers,
-            leases=Leases(answers, store, c.coalesce, metrics, tasks),
+            leases=Leases(answers, store, c.coalesce, metrics, tasks, budget_s=cache_budget_s),
             matchers=(
                 load_matchers(c.semantic, metrics, config.server.workers) if c.enabled else Matchers(None, [])
             ),

@@ -18,9 +18,9 @@ import asyncio
 import contextlib
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal, TypeVar
 
 from ..config import CacheCoalesce
 from ..metrics import Metrics
@@ -29,6 +29,7 @@ from ..tasks import Tasks
 from .flight import Wakeups
 from .store import Store
 
+T = TypeVar("T")
 ClaimRole = Literal["hit", "leader", "upstream", "unavailable"]
 # Handing back a lease nobody learned of: off the request path, so it may take longer.
 RELEASE_BUDGET_S = 1.0
@@ -59,7 +60,7 @@ class _Local:
 class Leases:
     def __init__(
         self, store: Store, guard: StoreGuard, config: CacheCoalesce, metrics: Metrics, tasks: Tasks,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Callable[[], float] = time.monotonic, budget_s: float | None = None,
     ) -> None:
         self.store = store
         self.guard = guard
@@ -67,6 +68,7 @@ class Leases:
         self.metrics = metrics
         self.tasks = tasks
         self.clock = clock
+        self.budget_s = budget_s  # each store call's; None: the guard's (store.op_timeout_ms)
         self.local: dict[str, _Local] = {}
         self.wakeups = Wakeups()  # followers of leaders elsewhere, woken by the store's notices
 
@@ -100,7 +102,7 @@ class Leases:
                 return Claim("upstream", coalesced=True)
             # The leader here ended without an answer: the first waiter to run takes over.
         if not lead:
-            found = await self.guard.run(self.store.lookup(scope, key, None, 0), None, "cache_lookup")
+            found = await self._run(self.store.lookup(scope, key, None, 0), None, "cache_lookup")
             if found is None:
                 return Claim("unavailable")
             return Claim("hit", found.entry) if found.role == "hit" else Claim("upstream")
@@ -108,7 +110,7 @@ class Leases:
         self.local[slot] = local
         token = uuid.uuid4().hex
         lookup = self.store.lookup(scope, key, token, self.lease_ms)
-        found = await self.guard.run(lookup, None, "cache_lookup")
+        found = await self._run(lookup, None, "cache_lookup")
         if found is None:
             self._abandon(scope, key, token)
             self._settle(slot, local, None)
@@ -126,7 +128,7 @@ class Leases:
         delay = self.config.poll_ms / 1000
         while (remaining := deadline - self.clock()) > 0:
             await self.wakeups.wait(slot, min(delay, remaining))
-            found = await self.guard.run(
+            found = await self._run(
                 self.store.lookup(local.scope, local.key, token, self.lease_ms), None, "cache_lookup"
             )
             if found is None:
@@ -156,7 +158,7 @@ class Leases:
             await asyncio.sleep(self.config.lease_s / 3)
             if local.token != token:
                 return
-            held = await self.guard.run(
+            held = await self._run(
                 self.store.renew(local.scope, local.key, token, self.lease_ms), True, "cache_renew"
             )
             if not held:
@@ -175,10 +177,13 @@ class Leases:
             if mine.keepalive is not None:
                 mine.keepalive.cancel()
         if not stored:  # hand the lease back before a waiter here tries to take it
-            await self.guard.run(self.store.release(scope, key, token), False, "cache_release")
+            await self._run(self.store.release(scope, key, token), False, "cache_release")
         if mine is not None:
             self._settle(slot, mine, entry)
         self.wakeups.wake(slot)
+
+    async def _run(self, call: Coroutine[Any, Any, T], default: T, op: str) -> T:
+        return await self.guard.run(call, default, op, self.budget_s)
 
     def _settle(self, slot: str, local: _Local, entry: bytes | None) -> None:
         if self.local.get(slot) is local:
