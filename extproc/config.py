@@ -131,6 +131,9 @@ class Server(Strict):
     envoy_message_timeout_ms: float = Field(default=35_000.0, gt=0)
     envoy_max_message_timeout_ms: float = Field(default=240_000.0, gt=0)
     access_log: bool = True  # one JSON line per request (logger llm_gate.access)
+    # OpenTelemetry: a span per request and per stage, continuing the request's traceparent,
+    # exported over OTLP/HTTP as the standard OTEL_* variables say (pip install llm-gate[tracing]).
+    tracing: bool = False
     # The admin endpoint's own bind address (not `host`): keep it on loopback or a trusted network.
     admin_host: str = "127.0.0.1"
     # Bearer token the admin endpoint requires (`authorization: Bearer TOKEN`), read from this

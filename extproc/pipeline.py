@@ -19,6 +19,7 @@ from .errors import error_reply
 from .exchange import Exchange, Reply
 from .metrics import Metrics
 from .stages.base import Stage
+from .tracing import Tracing
 
 if TYPE_CHECKING:
     from .services import Services
@@ -38,6 +39,7 @@ class Pipeline:
         self.handled_paths = frozenset(config.routing.handled_paths)
         self.metrics = metrics
         self.services = services  # closed with the pipeline
+        self.tracing = services.tracing if services is not None else Tracing()
         self.active = 0  # open streams on this pipeline (a retired one closes when it reaches 0)
         # Per hook, only the stages that implement it: a request never awaits a no-op.
         self._hooks = {
@@ -66,6 +68,7 @@ class Pipeline:
 
     def log_request(self, ex: Exchange, busy_s: float) -> None:
         self.metrics.own_latency.observe(max(busy_s - ex.waited_s, 0.0))
+        self.tracing.end(ex)
         if self.config.server.access_log:
             log_access(ex, busy_s)
 
@@ -98,11 +101,18 @@ class Pipeline:
             await self.services.aclose()
 
     async def _until_reply(self, hook: str, ex: Exchange) -> Reply | None:
+        tracing = self.tracing if self.tracing.enabled else None
+        if tracing is not None and hook == "on_headers":
+            tracing.begin(ex)
         for stage in self._hooks[hook]:
             method: Callable[[Exchange], Awaitable[Reply | None]] = getattr(stage, hook)
             started = time.perf_counter()
             try:
-                reply = await method(ex)
+                if tracing is None:
+                    reply = await method(ex)
+                else:
+                    with tracing.stage(ex, stage.name, hook):
+                        reply = await method(ex)
             except Exception:
                 reply = self._failed(stage, hook, ex)
             self._timers[stage.name, hook].observe(time.perf_counter() - started)

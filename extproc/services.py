@@ -8,6 +8,7 @@ no state of their own; they are built from their config section plus these servi
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from .breaker.adaptive import AdaptiveLimit
@@ -25,6 +26,7 @@ from .scheduler.budget import BudgetStore, MemoryBudgets, RedisBudgets
 from .scheduler.pools import Pools
 from .tasks import Tasks
 from .tokens import TokenCounter
+from .tracing import Tracing
 
 log = logging.getLogger("llm_gate.services")
 
@@ -42,6 +44,7 @@ class Services:
     matchers: Matchers
     breakers: Breakers
     pools: Pools
+    tracing: Tracing
 
     @classmethod
     def build(cls, config: Config, metrics: Metrics) -> Services:
@@ -73,6 +76,7 @@ class Services:
             ),
             breakers=breakers,
             pools=pools,
+            tracing=Tracing.create(config.server.tracing),
         )
 
     def start(self) -> None:
@@ -89,8 +93,16 @@ class Services:
             ("pools", self.pools.aclose),
             ("matchers", self.matchers.aclose),
             ("store", self.store.aclose),
+            ("tracing", _async(self.tracing.aclose)),
         ):
             try:
                 await close()
             except Exception:
                 log.exception("closing %s failed", name)
+
+
+def _async(close: Callable[[], None]) -> Callable[[], Awaitable[None]]:
+    async def run() -> None:
+        close()
+
+    return run
