@@ -259,8 +259,33 @@ def http_connection_manager(
         "common_http_protocol_options": {"headers_with_underscores_action": "DROP_HEADER"},
         "early_header_mutation_extensions": strip_gate_headers(),
         "local_reply_config": local_reply_config(),
+        "access_log": [access_log()],
         "route_config": route_config,
         "http_filters": http_filters,
+    }
+
+
+def access_log() -> dict[str, Any]:
+    """One JSON line per request on stdout, under the id the gate logs too (never a key)."""
+    fields = {
+        "request_id": "%REQ(X-REQUEST-ID)%",
+        "start_time": "%START_TIME%",
+        "method": "%REQ(:METHOD)%",
+        "path": "%REQ(:PATH)%",
+        "status": "%RESPONSE_CODE%",
+        "flags": "%RESPONSE_FLAGS%",
+        "duration_ms": "%DURATION%",
+        "upstream_ms": "%RESP(X-ENVOY-UPSTREAM-SERVICE-TIME)%",
+        "cluster": "%UPSTREAM_CLUSTER%",
+        "gate_cache": "%RESP(X-GATE-CACHE)%",
+        "bytes_sent": "%BYTES_SENT%",
+    }
+    return {
+        "name": "envoy.access_loggers.stdout",
+        "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.access_loggers.stream.v3.StdoutAccessLog",
+            "log_format": {"json_format": fields},
+        },
     }
 
 

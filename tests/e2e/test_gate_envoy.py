@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 
@@ -61,6 +62,14 @@ def test_the_clients_request_id_names_the_request_and_its_key_stays_here(
     assert bad.status_code == 400 and bad.headers["x-request-id"] == "client-id-456"
     seen = sim_state(stack, "primary")["last_headers"][CHAT]
     assert "authorization" not in seen and "x-api-key" not in seen
+    # Envoy's access log names the request by the same id, in JSON, and never holds the key.
+    deadline = time.monotonic() + 5
+    while '"client-id-123"' not in stack.log("envoy") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    lines = [json.loads(x) for x in stack.log("envoy").splitlines() if x.startswith("{")]
+    mine = [x for x in lines if x["request_id"] == "client-id-123"]
+    assert mine and mine[0]["status"] == 200 and mine[0]["path"] == CHAT
+    assert "sk-client-secret" not in stack.log("envoy")
 
 
 def test_fallback_model_alias_is_served_by_fallback_with_rewritten_model(
