@@ -99,6 +99,9 @@ def envoy_command(doc: dict[str, Any], path: Path, log_level: str) -> list[str]:
         "--log-level",
         log_level,
         "--disable-hot-restart",
+        # Access log lines reach the file within 100 ms (tests and drills read them).
+        "--file-flush-interval-msec",
+        "100",
     ]
 
 
