@@ -120,7 +120,8 @@ class OnnxEmbedder:
             self._token_reader = TokenReader(self, self.model_file)
         return self._token_reader
 
-    def _run(self, batch: list[list[int]]) -> np.ndarray:
+    def feed(self, batch: list[list[int]]) -> tuple[dict[str, np.ndarray], np.ndarray]:
+        """The model's inputs for a batch of token ids, padded, and the attention mask."""
         width = max(len(ids) for ids in batch)
         ids = np.full((len(batch), width), self.tokenizer.pad_id, dtype=np.int64)
         mask = np.zeros((len(batch), width), dtype=np.int64)
@@ -130,6 +131,10 @@ class OnnxEmbedder:
         feed = {"input_ids": ids, "attention_mask": mask}
         if "token_type_ids" in self._inputs:
             feed["token_type_ids"] = np.zeros_like(ids)
+        return feed, mask
+
+    def _run(self, batch: list[list[int]]) -> np.ndarray:
+        feed, mask = self.feed(batch)
         y = np.asarray(self._session.run([self._output], feed)[0], dtype=np.float32)
         if y.ndim == 3:
             y = pool(y, mask, self.pooling)
@@ -247,15 +252,7 @@ class TokenReader:
         states: list[TokenStates | None] = [None] * len(texts)
         for chunk in plan_batches([len(e) for e in encoded], emb.max_batch):
             batch = [encoded[i] for i in chunk]
-            width = max(len(s) for s in batch)
-            ids = np.full((len(batch), width), emb.tokenizer.pad_id, dtype=np.int64)
-            mask = np.zeros((len(batch), width), dtype=np.int64)
-            for row, seq in enumerate(batch):
-                ids[row, : len(seq)] = seq
-                mask[row, : len(seq)] = 1
-            feed = {"input_ids": ids, "attention_mask": mask}
-            if "token_type_ids" in emb._inputs:
-                feed["token_type_ids"] = np.zeros_like(ids)
+            feed, _ = emb.feed(batch)
             pooled, hidden = self._session.run([emb._output, self.hidden], feed)
             y = np.asarray(pooled, dtype=np.float32)
             vectors[chunk] = y / np.maximum(np.linalg.norm(y, axis=1, keepdims=True), 1e-12)

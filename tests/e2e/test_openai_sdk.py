@@ -238,6 +238,7 @@ def test_identical_requests_in_flight_share_one_model_call(stack: Stack, mode: M
     for a in answers:
         if not isinstance(a.body, list):
             assert a.body.usage is not None and a.body.usage.total_tokens > 0
+            assert a.body._request_id == a.headers["x-request-id"] != ""  # response._request_id
 
 
 # ---------------------------------------------------------------- rejections
@@ -246,6 +247,7 @@ def test_identical_requests_in_flight_share_one_model_call(stack: Stack, mode: M
 def rejection(mode: Mode, stack: Stack, key: str = KEY, **kw: Any) -> openai.APIStatusError:
     with pytest.raises(openai.APIStatusError) as caught:
         ask(mode, stack, True, key, **{"model": MODEL, "messages": messages("hello"), **kw})
+    assert caught.value.request_id  # the SDK's error.request_id: the gate's x-request-id
     return caught.value
 
 
