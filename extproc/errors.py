@@ -6,6 +6,8 @@ import orjson
 
 from .exchange import Reply
 
+SHOULD_RETRY = "x-should-retry"  # "false": OpenAI's SDKs then do not retry
+
 
 def error_reply(
     status: int,

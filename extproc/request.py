@@ -104,3 +104,15 @@ def wants_usage(payload: dict[str, Any]) -> bool:
     """A stream that asked for its usage chunk (`stream_options.include_usage`)."""
     options = payload.get("stream_options")
     return isinstance(options, dict) and options.get("include_usage") is True
+
+
+CLIENT_TIMEOUT_HEADER = "x-stainless-read-timeout"  # OpenAI's SDKs send their read timeout
+
+
+def client_timeout_s(headers: dict[str, str]) -> float | None:
+    """The client's own read timeout in seconds, when it says one (a positive number)."""
+    try:
+        value = float(headers.get(CLIENT_TIMEOUT_HEADER, ""))
+    except ValueError:
+        return None
+    return value if value > 0 and value != float("inf") else None  # NaN fails `> 0`

@@ -4,6 +4,7 @@ Every key of a scope carries the scope as its hash tag (`gate:c:{<scope>}:...`),
 scope lives in one slot of a Redis Cluster and each script touches one slot.
 
   e:<key>     the entry (PX ttl)            l:<key>   the lease: the leader's token (PX)
+  a:<key>     how long the last attempt whose client gave up waited (ms, PX a minute)
   z           key -> expiry ms (size bound and live check)
   v / s       key -> vector bytes / the key's band names
   q:<band>    one LSH bucket: key -> expiry ms, capped at the newest `band_cap` keys, so a
@@ -200,6 +201,13 @@ class RedisStore:
                             wake(_text(message["data"]))
             except (RedisError, OSError):
                 await asyncio.sleep(idle_s)
+
+    async def abandon(self, scope: str, key: str, waited_ms: int, ttl_ms: int) -> None:
+        await self.client.set(scope_prefix(scope) + "a:" + key, waited_ms, px=ttl_ms)
+
+    async def abandoned(self, scope: str, key: str) -> int | None:
+        value = await self.client.get(scope_prefix(scope) + "a:" + key)
+        return None if value is None else int(value)
 
     async def renew(self, scope: str, key: str, token: str, lease_ms: int) -> bool:
         return bool(await self._renew(keys=[scope_prefix(scope) + "l:" + key], args=[token, lease_ms]))

@@ -67,6 +67,12 @@ class Store(Protocol):
 
     async def renew(self, scope: str, key: str, token: str, lease_ms: int) -> bool: ...
 
+    async def abandon(self, scope: str, key: str, waited_ms: int, ttl_ms: int) -> None:
+        """Note that a leader's client gave up on this key after `waited_ms` (kept `ttl_ms`)."""
+
+    async def abandoned(self, scope: str, key: str) -> int | None:
+        """How long the last abandoned attempt at this key waited, if one is noted."""
+
     async def purge(
         self, *, tenant: str | None = None, model: str | None = None, scope: str | None = None,
         key: str | None = None,
@@ -94,6 +100,7 @@ class MemoryStore:
         self.entries: dict[tuple[str, str], bytes] = {}
         self.leases: dict[tuple[str, str], tuple[str, float]] = {}
         self.scopes: dict[str, _Scope] = {}
+        self.given_up: dict[tuple[str, str], tuple[int, float]] = {}  # waited ms, until
 
     async def lookup(self, scope: str, key: str, token: str | None, lease_ms: int) -> Lookup:
         now = self.clock()
@@ -180,6 +187,15 @@ class MemoryStore:
             return False
         del self.leases[(scope, key)]
         return True
+
+    async def abandon(self, scope: str, key: str, waited_ms: int, ttl_ms: int) -> None:
+        now = self.clock()
+        self.given_up = {k: v for k, v in self.given_up.items() if v[1] > now}
+        self.given_up[(scope, key)] = (waited_ms, now + ttl_ms / 1000)
+
+    async def abandoned(self, scope: str, key: str) -> int | None:
+        noted = self.given_up.get((scope, key))
+        return noted[0] if noted is not None and noted[1] > self.clock() else None
 
     async def renew(self, scope: str, key: str, token: str, lease_ms: int) -> bool:
         held = self.leases.get((scope, key))

@@ -18,7 +18,7 @@ from ..config import Config
 from ..errors import error_reply
 from ..exchange import Exchange, Reply
 from ..metrics import Metrics
-from ..request import estimated_tokens, last_user_text
+from ..request import client_timeout_s, estimated_tokens, last_user_text
 from ..scheduler.pools import Pools, Slots
 from ..scheduler.queue import Refused, Ticket
 from ..scheduler.settings import Admission as Settings
@@ -28,7 +28,6 @@ if TYPE_CHECKING:
     from ..services import Services
 
 QUEUE_MS_HEADER = "x-gate-queue-ms"
-CLIENT_TIMEOUT_HEADER = "x-stainless-read-timeout"
 CLIENT_TIMEOUT_SHARE = 0.5  # of the client's timeout, at most, in the queue: the rest is for the model
 
 
@@ -50,11 +49,8 @@ def wait_budget_s(class_deadline_s: float, headers: dict[str, str]) -> float:
     its client gives up (OpenAI's SDKs send their read timeout as x-stainless-read-timeout):
     a slot granted after that would compute an answer nobody reads, and the client's retry
     would queue again."""
-    try:
-        client_s = float(headers.get(CLIENT_TIMEOUT_HEADER, ""))
-    except ValueError:
-        return class_deadline_s
-    if not client_s > 0:  # also NaN
+    client_s = client_timeout_s(headers)
+    if client_s is None:
         return class_deadline_s
     return min(class_deadline_s, client_s * CLIENT_TIMEOUT_SHARE)
 

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 from ..breaker.monitor import Breakers
 from ..config import Breaker as BreakerConfig
 from ..config import Config, Routing
+from ..errors import SHOULD_RETRY
 from ..exchange import Exchange, Reply
 from ..request import wants_stream
 from .base import Stage
@@ -30,7 +31,6 @@ if TYPE_CHECKING:
     from ..services import Services
 
 
-SHOULD_RETRY = "x-should-retry"  # honoured by OpenAI's SDKs
 
 
 @dataclass

@@ -30,10 +30,11 @@ from ..config import Cache as CacheConfig
 from ..config import Config
 from ..dedup.canonical import canonical
 from ..embed.batching import EmbedShedError
+from ..errors import SHOULD_RETRY, error_reply
 from ..exchange import Exchange, Reply
 from ..metrics import Metrics
 from ..redis_conn import StoreGuard
-from ..request import wants_stream, wants_usage
+from ..request import client_timeout_s, wants_stream, wants_usage
 from .base import Stage
 
 if TYPE_CHECKING:
@@ -43,6 +44,8 @@ CACHE_HEADER = "x-gate-cache"
 SIMILARITY_HEADER = "x-gate-similarity"
 MATCH_HEADER = "x-gate-cache-match"
 KEY_HEADER = "x-gate-cache-key"
+RETRY_COUNT_HEADER = "x-stainless-retry-count"  # OpenAI's SDKs: 0 on the first attempt
+ABANDONED_TTL_MS = 60_000
 T = TypeVar("T")
 
 
@@ -98,6 +101,10 @@ class Cache(Stage):
         q = question(ex.payload, ex.route_path, ex.tenant, self.config.shared_across_tenants)
         f = Flight(q, exact_key(q, self.canon), acc, wants_stream(ex.payload), wants_usage(ex.payload))
         ex.state[self.name] = f
+        if acc.lookup and f.access.store:
+            reply = await self._retry_in_vain(ex, f)
+            if reply is not None:
+                return reply
         if acc.lookup:
             reply = await self._exact(ex, f)
             if reply is not None:
@@ -110,6 +117,29 @@ class Cache(Stage):
             return reply
         self._outcome(ex, "skipped" if not f.store_ok else "miss")
         return None
+
+    async def _retry_in_vain(self, ex: Exchange, f: Flight) -> Reply | None:
+        """A client's retry of a request whose last attempt it gave up on, after at least as
+        long as it will wait now: the model takes longer than the client's timeout, and this
+        attempt would only cost another model call that nobody reads. Only OpenAI's SDKs say
+        both (x-stainless-retry-count, x-stainless-read-timeout)."""
+        timeout_s = client_timeout_s(ex.headers)
+        if timeout_s is None or ex.headers.get(RETRY_COUNT_HEADER, "0") in ("", "0"):
+            return None
+        waited_ms = await self._timed(f, self.store.abandoned(f.q.scope, f.key), "abandoned")
+        if waited_ms is None or waited_ms < timeout_s * 1000 * 0.9:
+            return None
+        self.metrics.cache_requests.labels("retry_refused").inc()
+        return error_reply(
+            504,
+            f"The model took longer than this client's timeout ({timeout_s:g} s) on the last attempt "
+            f"of this request ({waited_ms / 1000:.1f} s and still running); another attempt would "
+            "end the same way. Raise the client's timeout, or ask for fewer tokens.",
+            type="timeout",
+            code="client_timeout_too_short",
+            headers={SHOULD_RETRY: "false"},
+            decision="retry_refused",
+        )
 
     def _outcome(self, ex: Exchange, result: str) -> None:
         self.metrics.cache_requests.labels(result).inc()
@@ -255,8 +285,13 @@ class Cache(Stage):
 
     async def on_done(self, ex: Exchange) -> None:
         f = ex.state.get(self.name)
-        if isinstance(f, Flight) and f.token is not None:
-            await self._finish(f, None, stored=False)
+        if not isinstance(f, Flight) or f.token is None:
+            return
+        if ex.status is None and ex.upstream_started is not None:  # its client gave up waiting
+            waited_ms = round((time.perf_counter() - ex.upstream_started) * 1000)
+            await self.guard.run(self.store.abandon(f.q.scope, f.key, waited_ms, ABANDONED_TTL_MS), None,
+                                 "cache_abandon", self.op_timeout_s)
+        await self._finish(f, None, stored=False)
 
 
 async def _true(call: Coroutine[Any, Any, None]) -> bool:

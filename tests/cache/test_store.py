@@ -53,6 +53,16 @@ async def lookup_is_idempotent_by_token(store: Store) -> None:
     assert (await store.lookup(S, "k", "t2", 10_000)).role == "leader"
 
 
+async def an_abandoned_attempt_is_noted_for_a_while(store: Store) -> None:
+    assert await store.abandoned(S, "k") is None
+    await store.abandon(S, "k", 1234, 60_000)
+    assert await store.abandoned(S, "k") == 1234
+    assert await store.abandoned(S, "other") is None and await store.abandoned(T, "k") is None
+    await store.abandon(S, "gone", 5, 1)
+    await asyncio.sleep(0.01)
+    assert await store.abandoned(S, "gone") is None
+
+
 async def stored_entry_is_a_hit_and_hands_back_the_lease(store: Store) -> None:
     await store.lookup(S, "k", "t1", 10_000)
     await store.put(put("k", token="t1"))
@@ -173,6 +183,7 @@ async def purge_by_tenant_model_or_key(store: Store) -> None:
 CASES: list[Callable[[Store], Awaitable[None]]] = [
     lease_goes_to_the_first_and_only_the_first,
     lookup_is_idempotent_by_token,
+    an_abandoned_attempt_is_noted_for_a_while,
     stored_entry_is_a_hit_and_hands_back_the_lease,
     released_lease_goes_to_exactly_one_of_the_waiters,
     concurrent_first_lookups_elect_one_leader,
