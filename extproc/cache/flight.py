@@ -31,13 +31,10 @@ class Flight:
     served: bool = False  # answered from the cache (or by a leader)
     store_ok: bool = True  # False once a store call failed: skip the cache for the rest
 
-    @property
-    def slot(self) -> str:
-        return f"{self.q.scope}.{self.key}"
-
 
 class Wakeups:
-    """Per-key events that local followers wait on; removed when the last waiter leaves."""
+    """Per-key events that followers of a leader elsewhere wait on (set by the store's notice);
+    removed when the last waiter leaves."""
 
     def __init__(self) -> None:
         self._events: dict[str, tuple[asyncio.Event, int]] = {}
