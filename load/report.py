@@ -99,6 +99,20 @@ def label_sum(metrics: list[dict[str, Any]], prefix: str, contains: str = "") ->
     return out
 
 
+def label(ax: Any, xlabel: str, ylabel: str, title: str) -> None:
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend()
+
+
+def save(fig: Any, path: Path) -> None:
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
 def plot_latency(rows: list[dict[str, Any]], path: Path) -> dict[str, dict[str, float]]:
     fig, ax = plt.subplots(figsize=(7, 4))
     table = {}
@@ -110,14 +124,8 @@ def plot_latency(rows: list[dict[str, Any]], path: Path) -> dict[str, dict[str, 
                        "max": lat[-1]}
         ax.plot(lat, [(i + 1) / len(lat) for i in range(len(lat))], label=tier)
     ax.set_xscale("log")
-    ax.set_xlabel("latency (ms, log)")
-    ax.set_ylabel("share of 200 answers")
-    ax.set_title("Latency CDF by tier")
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
+    label(ax, "latency (ms, log)", "share of 200 answers", "Latency CDF by tier")
+    save(fig, path)
     return table
 
 
@@ -142,14 +150,8 @@ def plot_traffic(rows: list[dict[str, Any]], metrics: list[dict[str, Any]], path
             ax.plot(range(end), by_up, label="upstream calls/s (from headers)")
         ax.plot(range(end), per_s, label="client requests/s")
         ax.plot(range(end), by_bypass, label="bypass answers/s", linestyle=":")
-    ax.set_xlabel("s")
-    ax.set_ylabel("per second")
-    ax.set_title("Requests vs upstream calls")
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
+    label(ax, "s", "per second", "Requests vs upstream calls")
+    save(fig, path)
 
 
 def plot_gate(metrics: list[dict[str, Any]], path: Path) -> None:
@@ -169,9 +171,7 @@ def plot_gate(metrics: list[dict[str, Any]], path: Path) -> None:
     a2.set_xlabel("s")
     a2.legend()
     a2.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
+    save(fig, path)
 
 
 def build(run_dir: Path, price_per_gpu_hour: float = 2.5, gpu_seconds_per_call: float | None = None) -> str:
