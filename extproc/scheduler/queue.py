@@ -67,7 +67,7 @@ class Policy:
     reserve_factor: float = 1.5
     reserve_max_share: float = 0.25
     recheck_s: float = 0.05  # how often waiting requests' ETAs are checked against their deadlines
-    service_samples: int = 32  # recent slot hold times the service-time estimate averages
+    service_samples: int = 256  # recent slot hold times kept: the estimate averages the last `limit`
 
 
 @dataclass(frozen=True)
@@ -132,6 +132,7 @@ class _View:
     reserved: int
     arrivals_per_s: dict[str, float]
     held_by_the_rest: int  # slots held by grants outside the top bands
+    held_ages: tuple[float, ...]  # how long each granted request has run
 
 
 @dataclass
@@ -313,15 +314,16 @@ class Queue:
 
     def service_s(self, now: float) -> float | None:
         """Seconds a slot is held (recent releases, or longer when running requests show a slowdown)."""
-        return service_time(list(self._service), [now - h.granted_at for h in self.held.values()])
+        return service_time(list(self._service), [now - h.granted_at for h in self.held.values()], self.limit)
 
     def _view(self, now: float) -> _View:
         p = self.policy
         rates = {c: self._arrival_rate((c,), now) for c in CLASSES}
-        service = self.service_s(now)
+        ages = tuple(now - h.granted_at for h in self.held.values())
+        service = service_time(list(self._service), ages, self.limit)
         top = rates[CLASSES[0]]
         reserved = reserve_slots(self.limit, top, service, p.reserve_factor, p.reserve_max_share)
-        return _View(service, reserved, rates, sum(1 for h in self.held.values() if not h.top))
+        return _View(service, reserved, rates, sum(1 for h in self.held.values() if not h.top), ages)
 
     def reserved(self, now: float) -> int:
         """Slots only the top tier's bands may take now."""
@@ -345,12 +347,13 @@ class Queue:
         if self.pressure:
             start = max(start, entry.arrived + self.policy.pressure_hold_s - now)
         free = self.free(self._key(entry, now)[0], view)
+        ahead += max(0, len(self.held) - self.limit)  # the pool shrank: those releases free nothing
         behind_slots = ahead + 1 - free
         if behind_slots <= 0:
             return start
         # Higher classes arriving meanwhile will go first: only what they leave drains this one.
         higher = sum(view.arrivals_per_s[c] for c in CLASSES[: CLASSES.index(entry.cls)])
-        wait = wait_estimate(ahead, free, self.limit, view.service_s, higher)
+        wait = wait_estimate(ahead, free, self.limit, view.service_s, higher, view.held_ages)
         if wait is not None:
             return max(start, wait)
         rate = self.drain_per_s(now)
