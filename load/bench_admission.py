@@ -238,7 +238,13 @@ async def burst_sheds(stack: Stack, vip: int = 80, standard: int = 20, slow_ms: 
     ]
 
 
-async def bench(seconds: float, factor: float, reserve_off: bool = True, burst: bool = True) -> str:
+async def bench(
+    seconds: float,
+    factor: float,
+    reserve_off: bool = True,
+    burst: bool = True,
+    reserve_share: float | None = None,
+) -> str:
     capacity_rps = 4 / 0.25
     rate = capacity_rps * factor
     out = [
@@ -248,7 +254,9 @@ async def bench(seconds: float, factor: float, reserve_off: bool = True, burst: 
         f"Load: Poisson {rate:.0f} req/s ({factor:g}x) for {seconds:g} s, "
         + ", ".join(f"{c} {w:.0%}" for c, w in MIX.items())
         + "; 70 % short prompts, 30 % of 300 words.",
-        f"Command: `python -m load.bench_admission --seconds {seconds:g} --factor {factor:g}`",
+        f"Command: `python -m load.bench_admission --seconds {seconds:g} --factor {factor:g}"
+        + (f" --reserve-share {reserve_share:g}" if reserve_share is not None else "")
+        + "`",
         "",
     ]
     deadlines = {"vip": 10000, "premium": 8000, "standard": 5000}
@@ -281,17 +289,24 @@ async def bench(seconds: float, factor: float, reserve_off: bool = True, burst: 
         ]
         if burst:
             out += await burst_sheds(stack)
+    variants: list[tuple[str, dict[str, Any]]] = []
     if reserve_off:
-        with stack_for(free_port(), deadline_ms=deadlines, reserve_factor=0) as stack:
+        variants.append(("vip reserve off (reserve_factor: 0)", {"reserve_factor": 0}))
+    if reserve_share is not None:
+        settings = {"reserve_factor": 3.0, "reserve_max_share": reserve_share}
+        variants.append((f"vip reserve up to {reserve_share:g} of the pool (reserve_factor: 3)", settings))
+    for title, settings in variants:
+        with stack_for(free_port(), deadline_ms=deadlines, **settings) as stack:
             await sequential(stack.url, "vip", 5)
-            off = await mixed_load(stack.url, rate, seconds)
-        stats_off = by_class(off)
-        out += table("Same load, vip reserve off (reserve_factor: 0)", stats_off)
-        on_rate, off_rate = throughput(results, seconds), throughput(off, seconds)
+            other = await mixed_load(stack.url, rate, seconds)
+        stats_other = by_class(other)
+        out += table(f"Same load, {title}", stats_other)
+        on_rate, other_rate = throughput(results, seconds), throughput(other, seconds)
         out += [
-            "Answered per second, reserve on / off: "
-            + ", ".join(f"{c} {on_rate[c]:.1f} / {off_rate[c]:.1f}" for c in KEYS)
-            + f"; VIP p99 {stats['vip']['p99']:.3f} s / {stats_off['vip']['p99']:.3f} s.",
+            f"Answered per second, default / {title}: "
+            + ", ".join(f"{c} {on_rate[c]:.1f} / {other_rate[c]:.1f}" for c in KEYS)
+            + f"; VIP p99 {stats['vip']['p99']:.3f} s / {stats_other['vip']['p99']:.3f} s "
+            f"({stats_other['vip']['p99'] / quantile(base, 0.99):.2f}x unloaded).",
             "",
         ]
     with stack_for(free_port(), enabled=False) as stack:
@@ -306,10 +321,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--factor", type=float, default=2.0)
     parser.add_argument("--no-reserve-off", action="store_true", help="skip the run with the vip reserve off")
     parser.add_argument("--no-burst", action="store_true", help="skip the burst on a slowed pool")
+    parser.add_argument("--reserve-share", type=float, help="also run with a vip reserve of up to this share")
+    parser.add_argument("--out", type=Path, default=RESULTS / "admission.md")
     args = parser.parse_args(argv)
-    text = asyncio.run(bench(args.seconds, args.factor, not args.no_reserve_off, not args.no_burst))
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "admission.md").write_text(text + "\n")
+    run = bench(args.seconds, args.factor, not args.no_reserve_off, not args.no_burst, args.reserve_share)
+    text = asyncio.run(run)
+    args.out.parent.mkdir(exist_ok=True)
+    args.out.write_text(text + "\n")
     print(text)
     return 0
 
