@@ -294,6 +294,9 @@ class CacheSemantic(Strict):
     # Texts waiting for an embedding beyond this, or whose wait would pass embed_timeout_ms,
     # take the exact path at once (gate_embed_shed_total), not after the time-out.
     embed_max_queue: int = Field(default=256, ge=1)
+    # A leader announces its request while the model runs (one more store call beside it), so
+    # a paraphrase judged the same question waits for that answer instead of calling the model.
+    join_in_flight: bool = True
 
     def for_profile(self, profile: SemanticProfile) -> CacheSemantic:
         """This section with the profile's choices in place of the defaults."""

@@ -188,7 +188,8 @@ class Metrics:
         )
         self.cache_coalesce_wait = Histogram(
             "gate_cache_coalesce_wait_seconds",
-            "How long followers waited for their leader, by how the wait ended.",
+            "How long followers waited for their leader, by how the wait ended (joined / join_missed: "
+            "a paraphrase waiting for another prompt's flight).",
             ["outcome"],
             buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0),
             registry=r,

@@ -8,8 +8,10 @@ wait on it. Followers of a leader in another process re-check the store with a g
 delay, woken at once by the store's notice when that leader's answer lands.
 
 When a leader gives up without an answer, exactly one waiter takes its place (the store's
-`SET NX`; locally, the first waiter to run). A lookup that ran in the store but whose
-reply came too late may have taken a lease nobody knows of: it is handed back at once.
+`SET NX`; locally, the first waiter to run). A paraphrase that joins another key's flight
+(`join`) only waits: it never takes that lead, since its own prompt is not that key's.
+A lookup that ran in the store but whose reply came too late may have taken a lease nobody
+knows of: it is handed back at once.
 """
 
 from __future__ import annotations
@@ -122,6 +124,30 @@ class Leases:
             self._lead(local, token)
             return Claim("leader", token=token, coalesced=coalesced)
         return await self._follow(slot, local, token, deadline, started)
+
+    async def join(self, scope: str, key: str, wait_s: float) -> bytes | None:
+        """The answer of the request leading `key` (another prompt, judged the same question),
+        within `wait_s`; None when it ends without one, nobody leads it, or time runs out."""
+        slot = f"{scope}.{key}"
+        started = self.clock()
+        deadline = started + wait_s
+        here = self.local.get(slot)
+        if here is not None:
+            entry = await _wait(here.done, wait_s)
+            self._observe("joined" if entry is not None else "join_missed", started)
+            return entry
+        delay = self.config.poll_ms / 1000
+        while True:
+            found = await self._run(self.store.lookup(scope, key, None, 0), None, "cache_lookup")
+            if found is not None and found.role == "hit":
+                self._observe("joined", started)
+                return found.entry
+            remaining = deadline - self.clock()
+            if found is None or found.role == "none" or remaining <= 0:
+                self._observe("join_missed", started)
+                return None
+            await self.wakeups.wait(slot, min(delay, remaining))
+            delay = min(delay * 2, self.config.poll_max_ms / 1000)
 
     async def _follow(self, slot: str, local: _Local, token: str, deadline: float, started: float) -> Claim:
         """Wait for a leader in another process; take over if it gives up."""

@@ -5,6 +5,7 @@ scope lives in one slot of a Redis Cluster and each script touches one slot.
 
   e:<key>     the entry (PX ttl)            l:<key>   the lease: the leader's token (PX)
   a:<key>     how long the last attempt whose client gave up waited (ms, PX a minute)
+  t:<key>     the question of a request in flight, announced by its leader (PX; `pend`)
   z           key -> expiry ms (size bound and live check)
   v / s       key -> vector bytes / the key's band names
   q:<band>    one LSH bucket: key -> expiry ms, capped at the newest `band_cap` keys, so a
@@ -23,7 +24,7 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from .store import Lookup, Put
+from .store import Lookup, Pending, Put
 
 PREFIX = "gate:c:"
 # Every process listens here: "<scope>.<key>" once an answer landed or a lease was handed back.
@@ -33,7 +34,7 @@ _NOW = "local t = redis.call('TIME'); local now = tonumber(t[1]) * 1000 + math.f
 
 _DROP = """
 local function drop(p, k)
-  redis.call('DEL', p .. 'e:' .. k)
+  redis.call('DEL', p .. 'e:' .. k, p .. 't:' .. k)
   local sigs = redis.call('HGET', p .. 's', k)
   if sigs then
     for band in string.gmatch(sigs, '%S+') do redis.call('ZREM', p .. 'q:' .. band, k) end
@@ -47,8 +48,11 @@ end
 LOOKUP = """
 local e = redis.call('GET', KEYS[1])
 if e then return {'hit', e} end
-if ARGV[1] == '' then return {'none', ''} end
 local held = redis.call('GET', KEYS[2])
+if ARGV[1] == '' then
+  if held then return {'follower', ''} end
+  return {'none', ''}
+end
 if held == ARGV[1] then
   redis.call('PEXPIRE', KEYS[2], ARGV[2])
   return {'leader', ''}
@@ -86,17 +90,12 @@ end
 return out
 """
 
-PUT = _NOW + _DROP + """
-local p, k, ttl, token, max = ARGV[1], ARGV[2], tonumber(ARGV[4]), ARGV[5], tonumber(ARGV[6])
-local cap = tonumber(ARGV[8])
-drop(p, k)
-redis.call('SET', p .. 'e:' .. k, ARGV[3], 'PX', ttl)
-if token ~= '' and redis.call('GET', p .. 'l:' .. k) == token then redis.call('DEL', p .. 'l:' .. k) end
-redis.call('ZADD', p .. 'z', now + ttl, k)
-if ARGV[7] ~= '' then
-  redis.call('HSET', p .. 'v', k, ARGV[7])
+_INDEX = """
+local function index(p, k, vector, ttl, cap, first)
+  redis.call('ZADD', p .. 'z', now + ttl, k)
+  redis.call('HSET', p .. 'v', k, vector)
   local names = {}
-  for i = 9, #ARGV do
+  for i = first, #ARGV do
     local band = p .. 'q:' .. ARGV[i]
     redis.call('ZADD', band, now + ttl, k)
     redis.call('ZREMRANGEBYSCORE', band, '-inf', now)
@@ -106,15 +105,37 @@ if ARGV[7] ~= '' then
     names[#names + 1] = ARGV[i]
   end
   redis.call('HSET', p .. 's', k, table.concat(names, ' '))
+  for _, name in ipairs({'z', 'v', 's'}) do
+    if redis.call('PTTL', p .. name) < ttl then redis.call('PEXPIRE', p .. name, ttl) end
+  end
 end
-for _, name in ipairs({'z', 'v', 's'}) do
-  if redis.call('PTTL', p .. name) < ttl then redis.call('PEXPIRE', p .. name, ttl) end
+"""
+
+PUT = _NOW + _DROP + _INDEX + """
+local p, k, ttl, token, max = ARGV[1], ARGV[2], tonumber(ARGV[4]), ARGV[5], tonumber(ARGV[6])
+drop(p, k)
+redis.call('SET', p .. 'e:' .. k, ARGV[3], 'PX', ttl)
+if token ~= '' and redis.call('GET', p .. 'l:' .. k) == token then redis.call('DEL', p .. 'l:' .. k) end
+if ARGV[7] ~= '' then
+  index(p, k, ARGV[7], ttl, tonumber(ARGV[8]), 9)
+else
+  redis.call('ZADD', p .. 'z', now + ttl, k)
+  if redis.call('PTTL', p .. 'z') < ttl then redis.call('PEXPIRE', p .. 'z', ttl) end
 end
 for _, old in ipairs(redis.call('ZRANGEBYSCORE', p .. 'z', '-inf', now, 'LIMIT', 0, 100)) do drop(p, old) end
 local over = redis.call('ZCARD', p .. 'z') - max
 if over > 0 then
   for _, old in ipairs(redis.call('ZRANGE', p .. 'z', 0, over - 1)) do drop(p, old) end
 end
+return 1
+"""
+
+PEND = _NOW + _DROP + _INDEX + """
+local p, k, ttl = ARGV[1], ARGV[2], tonumber(ARGV[4])
+if redis.call('EXISTS', p .. 'e:' .. k) == 1 then return 0 end
+drop(p, k)
+redis.call('SET', p .. 't:' .. k, ARGV[3], 'PX', ttl)
+index(p, k, ARGV[5], ttl, tonumber(ARGV[6]), 7)
 return 1
 """
 
@@ -147,6 +168,7 @@ class RedisStore:
         self._lookup = client.register_script(LOOKUP)
         self._candidates = client.register_script(CANDIDATES)
         self._put = client.register_script(PUT)
+        self._pend = client.register_script(PEND)
         self._release = client.register_script(RELEASE)
         self._renew = client.register_script(RENEW)
         self._purge_key = client.register_script(PURGE_KEY)
@@ -184,6 +206,19 @@ class RedisStore:
             if item.token is not None:  # followers elsewhere: the answer is in
                 pipe.publish(NOTICES, f"{item.scope}.{item.key}")
             await pipe.execute()
+
+    async def pend(self, item: Pending) -> None:
+        p = scope_prefix(item.scope)
+        keys = [p + "e:" + item.key, p + "t:" + item.key, p + "z", p + "v", p + "s"]
+        args: list[Any] = [p, item.key, item.text, item.ttl_ms, item.vector, item.band_cap, *item.bands]
+        await self._pend(keys=keys, args=args)
+
+    async def in_flight(self, scope: str, keys: list[str]) -> list[str | None]:
+        if not keys:
+            return []
+        p = scope_prefix(scope)
+        values: list[Any] = await self.client.mget([p + "t:" + k for k in keys])
+        return [None if v is None else _text(v) for v in values]
 
     async def release(self, scope: str, key: str, token: str) -> bool:
         keys, args = [scope_prefix(scope) + "l:" + key], [token, NOTICES, f"{scope}.{key}"]

@@ -9,6 +9,11 @@ wait for; it expires on its own if the leader's process dies.
 An LSH bucket keeps at most `band_cap` keys (the ones that expire last): on template-like
 traffic one bucket would otherwise hold most of a scope, and a candidates call would read it
 all. A key dropped from a full bucket stays in its other buckets and in the exact index.
+
+A leader may announce its request while the model runs (`pend`): its vector joins the
+buckets and its question text is kept, so a paraphrase arriving meanwhile finds it among the
+candidates (with no entry yet) and can wait for that answer instead of calling the model
+again. The answer's `put` replaces the announcement; an announcement nobody answered expires.
 """
 
 from __future__ import annotations
@@ -27,6 +32,19 @@ DEFAULT_BAND_CAP = 64  # load/results/bench_candidates.md, load/results/lsh_reca
 class Lookup:
     role: Role
     entry: bytes | None = None
+
+
+@dataclass(frozen=True)
+class Pending:
+    """A leader's request in flight, announced for paraphrases to find (see `Store.pend`)."""
+
+    scope: str
+    key: str
+    text: str
+    vector: bytes
+    bands: tuple[str, ...]
+    ttl_ms: int
+    band_cap: int = DEFAULT_BAND_CAP
 
 
 @dataclass(frozen=True)
@@ -50,7 +68,7 @@ class Store(Protocol):
 
         Idempotent by `token`: the lease's own holder asking again is the leader again (and
         renews it), so a lookup that ran twice cannot make a request follow itself.
-        With `token` None, only look: `none` when there is no entry.
+        With `token` None, only look: `follower` while another leads, else `none`.
         """
 
     async def candidates(self, scope: str, bands: list[str], limit: int) -> list[tuple[str, bytes]]:
@@ -61,6 +79,12 @@ class Store(Protocol):
     async def fetch(self, scope: str, keys: list[str]) -> list[bytes | None]: ...
 
     async def put(self, item: Put) -> None: ...
+
+    async def pend(self, item: Pending) -> None:
+        """Announce a request in flight (no-op when its key already has an entry)."""
+
+    async def in_flight(self, scope: str, keys: list[str]) -> list[str | None]:
+        """The question text of each key announced and not yet answered."""
 
     async def release(self, scope: str, key: str, token: str) -> bool:
         """Hand back a lease if this token still holds it."""
@@ -88,6 +112,7 @@ class _Scope:
     vectors: dict[str, bytes] = field(default_factory=dict)
     sigs: dict[str, tuple[str, ...]] = field(default_factory=dict)
     bands: dict[str, dict[str, float]] = field(default_factory=dict)  # band -> key -> expiry
+    texts: dict[str, str] = field(default_factory=dict)  # announced keys in flight -> question
     tenant: str = ""
     model: str = ""
 
@@ -107,9 +132,9 @@ class MemoryStore:
         entry = self._entry(scope, key, now)
         if entry is not None:
             return Lookup("hit", entry)
-        if token is None:
-            return Lookup("none")
         held = self.leases.get((scope, key))
+        if token is None:
+            return Lookup("follower" if held is not None and held[1] > now else "none")
         if held is not None and held[1] > now and held[0] != token:
             return Lookup("follower")
         self.leases[(scope, key)] = (token, now + lease_ms / 1000)
@@ -148,16 +173,37 @@ class MemoryStore:
         self.entries[(item.scope, item.key)] = item.entry
         s.expiry[item.key] = now + item.ttl_ms / 1000
         if item.vector is not None:
-            s.vectors[item.key] = item.vector
-            s.sigs[item.key] = item.bands
-            for band in item.bands:
-                self._into_band(s, band, item.key, s.expiry[item.key], item.band_cap, now)
+            self._index(s, item.key, item.vector, item.bands, item.band_cap, now)
         if item.token is not None:
             await self.release(item.scope, item.key, item.token)
         for key in [k for k, exp in s.expiry.items() if exp <= now]:
             self._drop(item.scope, s, key)
         while len(s.expiry) > item.max_entries:
             self._drop(item.scope, s, min(s.expiry, key=lambda k: s.expiry[k]))
+
+    async def pend(self, item: Pending) -> None:
+        now = self.clock()
+        s = self.scopes.setdefault(item.scope, _Scope())
+        if self._entry(item.scope, item.key, now) is not None:
+            return
+        self._drop(item.scope, s, item.key)
+        s.expiry[item.key] = now + item.ttl_ms / 1000
+        s.texts[item.key] = item.text
+        self._index(s, item.key, item.vector, item.bands, item.band_cap, now)
+
+    async def in_flight(self, scope: str, keys: list[str]) -> list[str | None]:
+        s, now = self.scopes.get(scope), self.clock()
+        if s is None:
+            return [None] * len(keys)
+        return [s.texts.get(k) if s.expiry.get(k, 0.0) > now else None for k in keys]
+
+    def _index(
+        self, s: _Scope, key: str, vector: bytes, bands: tuple[str, ...], cap: int, now: float
+    ) -> None:
+        s.vectors[key] = vector
+        s.sigs[key] = bands
+        for band in bands:
+            self._into_band(s, band, key, s.expiry[key], cap, now)
 
     @staticmethod
     def _into_band(s: _Scope, band: str, key: str, expiry: float, cap: int, now: float) -> None:
@@ -173,6 +219,7 @@ class MemoryStore:
     def _drop(self, scope: str, s: _Scope, key: str) -> None:
         self.entries.pop((scope, key), None)
         s.expiry.pop(key, None)
+        s.texts.pop(key, None)
         s.vectors.pop(key, None)
         for band in s.sigs.pop(key, ()):
             members = s.bands.get(band)

@@ -3,8 +3,11 @@ let identical requests in flight wait for one answer instead of each calling the
 
 Order, cheapest first: the exact key (one store call, which also elects the leader of an
 identical burst), then one embedding and the semantic lookup. A hit is an immediate response
-and nothing after this stage runs. On a miss the answer is captured and stored when complete,
-and the lease is handed back however the exchange ends (coalescing: `cache/lease.py`).
+and nothing after this stage runs. A leader with a vector announces its flight, so a
+paraphrase judged the same question while the model still runs waits for that answer
+(joins the flight) instead of calling the model again. On a miss the answer is captured and
+stored when complete, and the lease is handed back however the exchange ends (coalescing:
+`cache/lease.py`).
 While the store is up, its calls wait within their budget; when it is down, or one call
 fails, the request skips the cache and flows on.
 """
@@ -25,7 +28,7 @@ from ..cache.lease import Leases
 from ..cache.replay import replay
 from ..cache.rules import access
 from ..cache.setup import Matchers
-from ..cache.store import Put, Store
+from ..cache.store import Pending, Put, Store
 from ..config import Cache as CacheConfig
 from ..config import Config
 from ..dedup.canonical import canonical
@@ -35,6 +38,7 @@ from ..exchange import Exchange, Reply
 from ..metrics import Metrics
 from ..redis_conn import StoreGuard
 from ..request import client_timeout_s, wants_stream, wants_usage
+from ..tasks import Tasks
 from .base import Stage
 
 if TYPE_CHECKING:
@@ -56,7 +60,7 @@ class Cache(Stage):
         self, config: CacheConfig, store: Store, leases: Leases, guard: StoreGuard, metrics: Metrics,
         matchers: Matchers, *, canon: Callable[[str], str] = normalise,
         clock: Callable[[], float] = time.monotonic, may_wait_s: Callable[[Exchange], float] | None = None,
-        op_timeout_s: float | None = None, count: Count | None = None,
+        op_timeout_s: float | None = None, count: Count | None = None, tasks: Tasks | None = None,
     ) -> None:
         self.config = config
         self.store = store
@@ -70,6 +74,7 @@ class Cache(Stage):
         self.may_wait_s = may_wait_s or (lambda ex: config.coalesce.max_wait_s)
         self.op_timeout_s = op_timeout_s
         self.count = count  # the gate's tokenizer, for the usage of answers that came without one
+        self.tasks = tasks  # announcing a flight runs beside the request, not in its way
         self.embed_timeout_s = config.semantic.embed_timeout_ms / 1000
 
     @classmethod
@@ -81,7 +86,8 @@ class Cache(Stage):
 
         budget = c.op_timeout_ms / 1000 if c.op_timeout_ms is not None else None
         return cls(c, services.answers, services.leases, services.store, services.metrics, services.matchers,
-                   canon=canonical, may_wait_s=may_wait_s, op_timeout_s=budget, count=services.tokens.count)
+                   canon=canonical, may_wait_s=may_wait_s, op_timeout_s=budget, count=services.tokens.count,
+                   tasks=services.tasks)
 
     async def _timed(self, f: Flight, call: Coroutine[Any, Any, T], op: str) -> T | None:
         result = await self.guard.run(call, None, f"cache_{op}", self.op_timeout_s)
@@ -116,7 +122,19 @@ class Cache(Stage):
         if reply is not None:
             return reply
         self._outcome(ex, "skipped" if not f.store_ok else "miss")
+        self._announce(f)
         return None
+
+    def _announce(self, f: Flight) -> None:
+        """A leader with a vector: paraphrases arriving while the model runs may wait for it."""
+        if not self.config.semantic.join_in_flight or self.tasks is None:
+            return
+        if f.token is None or f.vector is None or not f.bands or f.q.text is None:
+            return
+        ttl_ms = int(self.config.coalesce.max_wait_s * 1000)
+        item = Pending(f.q.scope, f.key, f.q.text, f.vector.astype("float32").tobytes(), f.bands, ttl_ms)
+        self.tasks.spawn(self.guard.run(self.store.pend(item), None, "cache_pend", self.op_timeout_s),
+                         "cache_pend")
 
     async def _retry_in_vain(self, ex: Exchange, f: Flight) -> Reply | None:
         """A client's retry of a request whose last attempt it gave up on, after at least as
@@ -183,25 +201,47 @@ class Cache(Stage):
             return None
         limit = self.config.semantic.max_candidates
         found = await self._timed(f, self.store.candidates(f.q.scope, list(f.bands), limit), "candidates")
-        ranked = m.ranked(f.vector, found or [])
+        # Its own key: answered by the exact lookup already, or this request's own announcement.
+        ranked = [(k, c) for k, c in m.ranked(f.vector, found or []) if k != f.key]
         if not ranked:
             return None
         raws = await self._timed(f, self.store.fetch(f.q.scope, [k for k, _ in ranked]), "fetch")
-        for (key, cosine), raw in zip(ranked, raws or [], strict=False):
-            if raw is None:
+        if raws is None:
+            return None
+        flying = [k for (k, _), raw in zip(ranked, raws, strict=True) if raw is None]
+        texts = await self._timed(f, self.store.in_flight(f.q.scope, flying), "in_flight") if flying else []
+        questions = dict(zip(flying, texts or [], strict=False))
+        for (key, cosine), raw in zip(ranked, raws, strict=True):
+            entry = _load(raw) if raw is not None else None
+            other = entry.text if entry is not None else questions.get(key)
+            if other is None:
                 continue
-            entry = _load(raw)
-            if entry is None:
-                continue
-            await m.warm([text, entry.text])  # token states for the verifier, off the event loop
-            decision = m.same(text, entry.text, cosine)
+            await m.warm([text, other])  # token states for the verifier, off the event loop
+            decision = m.same(text, other, cosine)
             if not decision.same:
                 return None
-            if f.access.store:
-                await self._alias(f, entry, key, cosine)
             kind = "near" if decision.reason == "near-exact" else "semantic"
+            if raw is None:
+                return await self._join(ex, f, key, cosine, kind)
+            if f.access.store and entry is not None:
+                await self._alias(f, entry, key, cosine)
             return self._hit(ex, f, raw, "hit", key, cosine, kind)
         return None
+
+    async def _join(self, ex: Exchange, f: Flight, key: str, cosine: float, kind: str) -> Reply | None:
+        """The same question is in flight under another prompt: wait for its answer."""
+        if not (self.config.coalesce.enabled and self.config.semantic.join_in_flight):
+            return None
+        started = self.clock()
+        wait_s = min(self.config.coalesce.max_wait_s, self.may_wait_s(ex))
+        raw = await self.leases.join(f.q.scope, key, wait_s)
+        ex.waited_s += self.clock() - started
+        entry = _load(raw) if raw is not None else None
+        if raw is None or entry is None:
+            return None  # it ended without an answer: this request asks the model itself
+        if f.access.store:
+            await self._alias(f, entry, key, cosine)
+        return self._hit(ex, f, raw, "coalesced", key, cosine, kind)
 
     async def _alias(self, f: Flight, entry: Entry, source: str, cosine: float) -> None:
         """Keep the paraphrase's answer under its own exact key: its repeats and followers need no model."""

@@ -192,4 +192,5 @@ def cache_stage(
     tasks = Tasks(metrics)
     guard = StoreGuard(client, StoreConfig(op_timeout_ms=op_timeout_s * 1000), metrics, tasks)
     leases = Leases(store, guard, cfg.coalesce, metrics, tasks)
-    return Cache(cfg, store, leases, guard, metrics, Matchers(m, list(profiles)), canon=canonical)
+    matchers = Matchers(m, list(profiles))
+    return Cache(cfg, store, leases, guard, metrics, matchers, canon=canonical, tasks=tasks)

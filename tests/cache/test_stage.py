@@ -119,6 +119,63 @@ async def test_identical_burst_reaches_the_model_once(store: Store) -> None:
     assert not stage.leases.local and not len(stage.leases.wakeups)
 
 
+async def test_a_paraphrase_joins_the_request_in_flight_instead_of_calling_the_model(store: Store) -> None:
+    stage, up = stage_on(store), Upstream(delay=0.3)
+    leader = asyncio.ensure_future(send(stage, chat("What is the capital of France?"), up))
+    await asyncio.sleep(0.1)  # the leader is waiting for the model
+    para, other = await asyncio.gather(
+        send(stage, chat("What is the capital city of France?"), up),
+        send(stage, chat("What is the capital of Spain?"), up),  # a different question: no join
+    )
+    first = await leader
+    assert (para.cache, para.upstream, para.headers["x-gate-cache-match"]) == ("coalesced", False, "semantic")
+    assert para.text() == first.text() and first.text().endswith("to: What is the capital of France?")
+    assert (other.cache, other.upstream) == ("miss", True)
+    assert up.calls == 2
+    repeat = await send(stage, chat("What is the capital city of France?"), up)  # kept under its own key
+    assert (repeat.cache, repeat.text(), up.calls) == ("hit", first.text(), 2)
+    assert not stage.leases.local and not len(stage.leases.wakeups)
+
+
+async def test_joining_flights_can_be_turned_off(store: Store) -> None:
+    cfg = config()
+    cfg = cfg.model_copy(update={"semantic": cfg.semantic.model_copy(update={"join_in_flight": False})})
+    stage, up = cache_stage(cfg, store, matcher()), Upstream(delay=0.3)
+    leader = asyncio.ensure_future(send(stage, chat("What is the capital of France?"), up))
+    await asyncio.sleep(0.1)
+    para = await send(stage, chat("What is the capital city of France?"), up)
+    await leader
+    assert (para.cache, para.upstream, up.calls) == ("miss", True, 2)
+
+
+async def test_a_paraphrase_whose_flight_fails_asks_the_model_itself(store: Store) -> None:
+    stage, up = stage_on(store), Upstream(delay=0.3, fail=1)
+    leader = asyncio.ensure_future(send(stage, chat("What is the capital of France?"), up))
+    await asyncio.sleep(0.1)
+    para = await send(stage, chat("What is the capital city of France?"), up)
+    assert (await leader).status == 500
+    assert (para.cache, para.upstream, para.status) == ("miss", True, 200)
+    # Its own question, not the failed leader's.
+    assert para.text() == "Answer 2 to: What is the capital city of France?"
+    assert up.calls == 2
+
+
+async def test_a_paraphrase_in_another_process_joins_the_flight(redis_server: RedisServer) -> None:
+    if redis_server.proc is None:
+        redis_server.start()
+    clients = [aioredis.Redis.from_url(redis_server.url) for _ in range(2)]
+    await clients[0].flushall()
+    here, there = (cache_stage(config(), RedisStore(c), matcher(), client=c) for c in clients)
+    up = Upstream(delay=0.4)
+    leader = asyncio.ensure_future(send(here, chat("What is the capital of France?"), up))
+    await asyncio.sleep(0.2)  # announced by now (beside the request, in the background)
+    para = await send(there, chat("What is the capital city of France?"), up)
+    assert (para.cache, para.upstream, up.calls) == ("coalesced", False, 1)
+    assert para.text() == (await leader).text()
+    for c in clients:
+        await c.aclose()
+
+
 @pytest.mark.parametrize("how", ["error", "cancelled"])
 async def test_failed_leader_hands_over_to_exactly_one_follower(store: Store, how: str) -> None:
     stage = stage_on(store)

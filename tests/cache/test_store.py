@@ -10,7 +10,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from extproc.cache.redis_store import RedisStore
-from extproc.cache.store import MemoryStore, Put, Store
+from extproc.cache.store import MemoryStore, Pending, Put, Store
 from load.stack import RedisServer
 
 S, T = "scope-a", "scope-b"
@@ -40,7 +40,8 @@ def put(
 async def lease_goes_to_the_first_and_only_the_first(store: Store) -> None:
     assert (await store.lookup(S, "k", "t1", 10_000)).role == "leader"
     assert (await store.lookup(S, "k", "t2", 10_000)).role == "follower"
-    assert (await store.lookup(S, "k", None, 10_000)).role == "none"
+    assert (await store.lookup(S, "k", None, 10_000)).role == "follower"  # only looks: someone leads
+    assert (await store.lookup(S, "free", None, 10_000)).role == "none"
     assert (await store.lookup(T, "k", "t3", 10_000)).role == "leader"  # scopes are separate
 
 
@@ -180,7 +181,38 @@ async def purge_by_tenant_model_or_key(store: Store) -> None:
     assert await store.fetch("s2", ["c"]) == [None]
 
 
+def pending(
+    key: str, *, ttl_ms: int = 60_000, vector: bytes = b"", bands: tuple[str, ...] = ("0:1",)
+) -> Pending:
+    return Pending(S, key, f"question {key}", vector or vec(1, 0), bands, ttl_ms)
+
+
+async def a_request_in_flight_is_a_candidate_until_its_answer_replaces_it(store: Store) -> None:
+    await store.pend(pending("k", vector=vec(0, 1)))
+    assert await store.candidates(S, ["0:1"], 10) == [("k", vec(0, 1))]
+    assert await store.fetch(S, ["k"]) == [None]  # no answer yet
+    assert await store.in_flight(S, ["k", "other"]) == ["question k", None]
+    await store.put(put("k", vector=vec(1, 0), bands=("0:2",)))
+    assert await store.in_flight(S, ["k"]) == [None]
+    assert await store.candidates(S, ["0:1"], 10) == []  # the answer's own buckets replace it
+    assert await store.candidates(S, ["0:2"], 10) == [("k", vec(1, 0))]
+
+
+async def an_answered_key_is_not_announced_again_and_an_announcement_expires(store: Store) -> None:
+    await store.put(put("done", vector=vec(1, 0), bands=("0:1",)))
+    await store.pend(pending("done", vector=vec(0, 1), bands=("0:9",)))
+    assert await store.in_flight(S, ["done"]) == [None]
+    assert await store.candidates(S, ["0:9"], 10) == []
+    await store.pend(pending("brief", ttl_ms=100, bands=("0:5",)))
+    assert await store.in_flight(S, ["brief"]) == ["question brief"]
+    await asyncio.sleep(0.25)
+    assert await store.in_flight(S, ["brief"]) == [None]
+    assert await store.candidates(S, ["0:5"], 10) == []
+
+
 CASES: list[Callable[[Store], Awaitable[None]]] = [
+    a_request_in_flight_is_a_candidate_until_its_answer_replaces_it,
+    an_answered_key_is_not_announced_again_and_an_announcement_expires,
     lease_goes_to_the_first_and_only_the_first,
     lookup_is_idempotent_by_token,
     an_abandoned_attempt_is_noted_for_a_while,

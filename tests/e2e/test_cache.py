@@ -138,6 +138,26 @@ def test_fifty_identical_requests_over_two_gates_reach_the_model_once(stack: Sta
     assert all(n > 0 for n in coalesced), coalesced  # followers in both processes waited for one leader
 
 
+def test_paraphrases_arriving_while_the_model_runs_wait_for_its_answer(stack: Stack) -> None:
+    before = served(stack)
+
+    async def scenario() -> tuple[httpx.Response, list[httpx.Response]]:
+        async with httpx.AsyncClient(base_url=stack.url, timeout=30) as c:
+            leader = asyncio.ensure_future(c.post(CHAT, json=chat("How do I reset my router password?",
+                                                                  max_tokens=40, ignore_eos=True)))
+            await asyncio.sleep(0.3)  # 40 tokens at 20 ms: the model is still answering
+            para = chat("How can I reset my router password?", max_tokens=40, ignore_eos=True)
+            paraphrases = await burst(stack, [para] * 6)
+            return await leader, paraphrases
+
+    first, paraphrases = asyncio.run(scenario())
+    assert served(stack) == before + 1, stack.log("gate")[-2000:]
+    assert {content(r) for r in paraphrases} == {content(first)}
+    assert content(first).startswith("[llama-3-8b] Answer to: How do I reset my router password?")
+    assert {r.headers["x-gate-cache-match"] for r in paraphrases} == {"semantic"}
+    assert "coalesced" in {r.headers["x-gate-cache"] for r in paraphrases}  # not all after it landed
+
+
 def test_killing_redis_mid_run_loses_no_request(stack: Stack) -> None:
     questions = [f"Question number {i % 7} about billing" for i in range(40)]
 
