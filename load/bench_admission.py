@@ -203,14 +203,24 @@ def throughput(results: list[Result], seconds: float) -> dict[str, float]:
     return {cls: sum(r.cls == cls and r.status == 200 for r in results) / seconds for cls in KEYS}
 
 
-async def burst_sheds(stack: Stack, vip: int = 80, standard: int = 20, slow_ms: float = 3000) -> list[str]:
-    """A pool slowed by `slow_ms`, then `vip` + `standard` concurrent requests: when do the sheds come?"""
+async def burst_sheds(
+    stack: Stack,
+    vip: int = 80,
+    standard: int = 20,
+    slow_ms: float = 3000,
+    client_timeout_s: float | None = None,
+) -> list[str]:
+    """A pool slowed by `slow_ms`, then `vip` + `standard` concurrent requests: when do the sheds
+    come? With `client_timeout_s`, the clients say their timeout as OpenAI's SDKs do and give
+    up after it: do they get 503s or time-outs?"""
     admin = stack.sim_url("primary") + "/admin/faults"
     async with httpx.AsyncClient(timeout=5) as client:
         await client.post(admin, json={"extra_latency_ms": slow_ms})
     try:
         rng = random.Random(3)
-        async with httpx.AsyncClient(base_url=stack.url, timeout=60) as client:
+        said = {"x-stainless-read-timeout": f"{client_timeout_s:g}"} if client_timeout_s else {}
+        timeout = client_timeout_s or 60
+        async with httpx.AsyncClient(base_url=stack.url, timeout=timeout, headers=said) as client:
             # The slowdown shows in the service times of a first wave, as it would in production
             # (vip, so that the slot kept free for vip does not queue one of them).
             await asyncio.gather(*(one(client, "vip", request_body(rng, i)) for i in range(4)))
@@ -225,14 +235,17 @@ async def burst_sheds(stack: Stack, vip: int = 80, standard: int = 20, slow_ms: 
     sheds = [r.latency for r in results if r.status == 503]
     ok = [r.latency for r in results if r.status == 200]
     late = sum(t > 1.0 for t in sheds)
+    timeouts = sum(r.status == 0 and "Timeout" in r.body.get("exception", "") for r in results)
+    who = f", clients with a {client_timeout_s:g} s timeout" if client_timeout_s else ""
     return [
         f"### Burst on a slowed pool ({vip} vip + {standard} standard at once, "
-        f"primary {slow_ms / 1000:g} s slower)",
+        f"primary {slow_ms / 1000:g} s slower{who})",
         "",
         f"{len(ok)} answered (p50 {quantile(ok, 0.5):.2f} s), {len(sheds)} shed: time to the 503 "
         f"p50 {quantile(sheds, 0.5):.3f} s, p99 {quantile(sheds, 0.99):.3f} s, "
         f"max {max(sheds, default=0):.3f} s; "
-        f"{late} sheds took over 1 s; other statuses {sum(r.status not in (200, 503) for r in results)}; "
+        f"{late} sheds took over 1 s; client time-outs {timeouts}; "
+        f"other outcomes {sum(r.status not in (200, 503) for r in results) - timeouts}; "
         f"the burst took {total:.1f} s.",
         "",
     ]
@@ -289,6 +302,7 @@ async def bench(
         ]
         if burst:
             out += await burst_sheds(stack)
+            out += await burst_sheds(stack, client_timeout_s=5.0)
     variants: list[tuple[str, dict[str, Any]]] = []
     if reserve_off:
         variants.append(("vip reserve off (reserve_factor: 0)", {"reserve_factor": 0}))

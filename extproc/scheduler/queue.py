@@ -7,9 +7,12 @@ Order. A waiting request sits in a *band*: 0 vip-urgent, 1 vip, 2 premium-urgent
 3 premium, 4 standard-urgent, 5 standard. The lowest band goes first, then arrival.
 Aging lifts a request one band per `aging_step_s` waited, so after `5 * aging_step_s`
 it is in band 0 and only older requests go before it: nothing starves.
-Demotion: a vip or premium request still waiting after `max_wait_s` is demoted to
-standard, so a flood of one high class cannot push its own fresh arrivals behind
-requests that are already late; aging still bounds its wait.
+Demotion: while a high class floods the pool (it arrives faster than the pool releases
+slots, or nothing was measured yet), a vip or premium request of it still waiting after
+`max_wait_s` is demoted to standard, so the flood cannot push its own fresh arrivals behind
+requests that are already late; aging still bounds its wait. Without a flood a late vip
+request keeps its place: it is late only because every slot was busy, and behind the
+standard requests that waited longer it would wait seconds more.
 
 Batch windows. While the pool is full (or under memory pressure), requests of a class are
 released together: the first arrival of a class opens a window of `batch_window_s[class]`;
@@ -256,7 +259,8 @@ class Queue:
                 del self.held[id]
                 events.append(Expired(id, held.cls))
         for w in list(self.waiting.values()):
-            if w.cls in HIGH_CLASSES and now - w.arrived >= self.policy.max_wait_s:
+            late = now - w.arrived >= self.policy.max_wait_s
+            if w.cls in HIGH_CLASSES and late and self.floods(w.cls, now):
                 w.cls, w.demoted = "standard", True
                 events.append(Demoted(w.ticket.id, w.ticket.cls))
             if now >= w.deadline_at:
@@ -315,6 +319,14 @@ class Queue:
     def service_s(self, now: float) -> float | None:
         """Seconds a slot is held (recent releases, or longer when running requests show a slowdown)."""
         return service_time(list(self._service), [now - h.granted_at for h in self.held.values()], self.limit)
+
+    def floods(self, cls: str, now: float) -> bool:
+        """Whether `cls` arrives faster than the pool releases slots (True before anything was
+        measured: a closed or unmeasured pool cannot serve anyone in time)."""
+        service = self.service_s(now)
+        if service is None or self.limit <= 0:
+            return True
+        return self._arrival_rate((cls,), now) >= self.limit / max(service, 1e-6)
 
     def _view(self, now: float) -> _View:
         p = self.policy
