@@ -24,39 +24,39 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n$llmgate/scheduler/v1/scheduler.proto\x12\x14llmgate.scheduler.v1\"\xcf\x01\n\x0e\x41\x63quireRequest\x12\x0c\n\x04pool\x18\x01 \x01(\t\x12\x12\n\nrequest_id\x18\x02 \x01(\t\x12\x35\n\x08priority\x18\x03 \x01(\x0e\x32#.llmgate.scheduler.v1.PriorityClass\x12\x0e\n\x06urgent\x18\x04 \x01(\x08\x12\x18\n\x10\x65stimated_tokens\x18\x05 \x01(\r\x12\x15\n\rprompt_tokens\x18\x06 \x01(\r\x12\x13\n\x0b\x64\x65\x61\x64line_ms\x18\x07 \x01(\r\x12\x0e\n\x06tenant\x18\x08 \x01(\t\"\x8a\x01\n\x05Grant\x12\x10\n\x08grant_id\x18\x01 \x01(\t\x12\x10\n\x08queue_ms\x18\x02 \x01(\r\x12:\n\rgranted_class\x18\x03 \x01(\x0e\x32#.llmgate.scheduler.v1.PriorityClass\x12\x0f\n\x07\x64\x65moted\x18\x04 \x01(\x08\x12\x10\n\x08lease_ms\x18\x05 \x01(\r\"_\n\x07Refusal\x12\x33\n\x06reason\x18\x01 \x01(\x0e\x32#.llmgate.scheduler.v1.RefusalReason\x12\x0e\n\x06\x65ta_ms\x18\x02 \x01(\r\x12\x0f\n\x07message\x18\x03 \x01(\t\"~\n\x0f\x41\x63quireResponse\x12.\n\x07granted\x18\x01 \x01(\x0b\x32\x1b.llmgate.scheduler.v1.GrantH\x00\x12\x30\n\x07refused\x18\x02 \x01(\x0b\x32\x1d.llmgate.scheduler.v1.RefusalH\x00\x42\t\n\x07outcome\"W\n\x0eReleaseRequest\x12\x10\n\x08grant_id\x18\x01 \x01(\t\x12\x13\n\x0btokens_used\x18\x02 \x01(\r\x12\x12\n\nlatency_ms\x18\x03 \x01(\r\x12\n\n\x02ok\x18\x04 \x01(\x08\"#\n\x0fReleaseResponse\x12\x10\n\x08released\x18\x01 \x01(\x08\"!\n\x0cRenewRequest\x12\x11\n\tgrant_ids\x18\x01 \x03(\t\" \n\rRenewResponse\x12\x0f\n\x07unknown\x18\x01 \x03(\t\"\x0f\n\rStatusRequest\"l\n\x0b\x43lassStatus\x12\x35\n\x08priority\x18\x01 \x01(\x0e\x32#.llmgate.scheduler.v1.PriorityClass\x12\x0e\n\x06queued\x18\x02 \x01(\r\x12\x16\n\x0eoldest_wait_ms\x18\x03 \x01(\r\"\x93\x02\n\x0eStatusResponse\x12\x0c\n\x04pool\x18\x01 \x01(\t\x12\r\n\x05limit\x18\x02 \x01(\r\x12\x11\n\tin_flight\x18\x03 \x01(\r\x12\x0e\n\x06queued\x18\x04 \x01(\r\x12\x15\n\rqueued_tokens\x18\x05 \x01(\x04\x12\x32\n\x07\x63lasses\x18\x06 \x03(\x0b\x32!.llmgate.scheduler.v1.ClassStatus\x12\x17\n\x0f\x63\x61pacity_source\x18\x07 \x01(\t\x12\x16\n\x0ereading_age_ms\x18\x08 \x01(\r\x12\x17\n\x0fmemory_pressure\x18\t \x01(\x08\x12\x13\n\x0b\x64rain_per_s\x18\n \x01(\x01\x12\x17\n\x0f\x63\x61pacity_factor\x18\x0b \x01(\x01*\x80\x01\n\rPriorityClass\x12\x1e\n\x1aPRIORITY_CLASS_UNSPECIFIED\x10\x00\x12\x1b\n\x17PRIORITY_CLASS_STANDARD\x10\x01\x12\x1a\n\x16PRIORITY_CLASS_PREMIUM\x10\x02\x12\x16\n\x12PRIORITY_CLASS_VIP\x10\x03*\xc6\x01\n\rRefusalReason\x12\x1e\n\x1aREFUSAL_REASON_UNSPECIFIED\x10\x00\x12\x1d\n\x19REFUSAL_REASON_QUEUE_FULL\x10\x01\x12\x1b\n\x17REFUSAL_REASON_DEADLINE\x10\x02\x12\x1a\n\x16REFUSAL_REASON_EVICTED\x10\x03\x12\x1c\n\x18REFUSAL_REASON_TIMED_OUT\x10\x04\x12\x1f\n\x1bREFUSAL_REASON_UNKNOWN_POOL\x10\x05\x32\xe2\x02\n\tScheduler\x12V\n\x07\x41\x63quire\x12$.llmgate.scheduler.v1.AcquireRequest\x1a%.llmgate.scheduler.v1.AcquireResponse\x12V\n\x07Release\x12$.llmgate.scheduler.v1.ReleaseRequest\x1a%.llmgate.scheduler.v1.ReleaseResponse\x12P\n\x05Renew\x12\".llmgate.scheduler.v1.RenewRequest\x1a#.llmgate.scheduler.v1.RenewResponse\x12S\n\x06Status\x12#.llmgate.scheduler.v1.StatusRequest\x1a$.llmgate.scheduler.v1.StatusResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n$llmgate/scheduler/v1/scheduler.proto\x12\x14llmgate.scheduler.v1\"\xe5\x01\n\x0e\x41\x63quireRequest\x12\x0c\n\x04pool\x18\x01 \x01(\t\x12\x12\n\nrequest_id\x18\x02 \x01(\t\x12\x35\n\x08priority\x18\x03 \x01(\x0e\x32#.llmgate.scheduler.v1.PriorityClass\x12\x0e\n\x06urgent\x18\x04 \x01(\x08\x12\x18\n\x10\x65stimated_tokens\x18\x05 \x01(\r\x12\x15\n\rprompt_tokens\x18\x06 \x01(\r\x12\x13\n\x0b\x64\x65\x61\x64line_ms\x18\x07 \x01(\r\x12\x0e\n\x06tenant\x18\x08 \x01(\t\x12\x14\n\x0c\x61nswer_by_ms\x18\t \x01(\r\"\x8a\x01\n\x05Grant\x12\x10\n\x08grant_id\x18\x01 \x01(\t\x12\x10\n\x08queue_ms\x18\x02 \x01(\r\x12:\n\rgranted_class\x18\x03 \x01(\x0e\x32#.llmgate.scheduler.v1.PriorityClass\x12\x0f\n\x07\x64\x65moted\x18\x04 \x01(\x08\x12\x10\n\x08lease_ms\x18\x05 \x01(\r\"_\n\x07Refusal\x12\x33\n\x06reason\x18\x01 \x01(\x0e\x32#.llmgate.scheduler.v1.RefusalReason\x12\x0e\n\x06\x65ta_ms\x18\x02 \x01(\r\x12\x0f\n\x07message\x18\x03 \x01(\t\"~\n\x0f\x41\x63quireResponse\x12.\n\x07granted\x18\x01 \x01(\x0b\x32\x1b.llmgate.scheduler.v1.GrantH\x00\x12\x30\n\x07refused\x18\x02 \x01(\x0b\x32\x1d.llmgate.scheduler.v1.RefusalH\x00\x42\t\n\x07outcome\"W\n\x0eReleaseRequest\x12\x10\n\x08grant_id\x18\x01 \x01(\t\x12\x13\n\x0btokens_used\x18\x02 \x01(\r\x12\x12\n\nlatency_ms\x18\x03 \x01(\r\x12\n\n\x02ok\x18\x04 \x01(\x08\"#\n\x0fReleaseResponse\x12\x10\n\x08released\x18\x01 \x01(\x08\"!\n\x0cRenewRequest\x12\x11\n\tgrant_ids\x18\x01 \x03(\t\" \n\rRenewResponse\x12\x0f\n\x07unknown\x18\x01 \x03(\t\"\x0f\n\rStatusRequest\"l\n\x0b\x43lassStatus\x12\x35\n\x08priority\x18\x01 \x01(\x0e\x32#.llmgate.scheduler.v1.PriorityClass\x12\x0e\n\x06queued\x18\x02 \x01(\r\x12\x16\n\x0eoldest_wait_ms\x18\x03 \x01(\r\"\x93\x02\n\x0eStatusResponse\x12\x0c\n\x04pool\x18\x01 \x01(\t\x12\r\n\x05limit\x18\x02 \x01(\r\x12\x11\n\tin_flight\x18\x03 \x01(\r\x12\x0e\n\x06queued\x18\x04 \x01(\r\x12\x15\n\rqueued_tokens\x18\x05 \x01(\x04\x12\x32\n\x07\x63lasses\x18\x06 \x03(\x0b\x32!.llmgate.scheduler.v1.ClassStatus\x12\x17\n\x0f\x63\x61pacity_source\x18\x07 \x01(\t\x12\x16\n\x0ereading_age_ms\x18\x08 \x01(\r\x12\x17\n\x0fmemory_pressure\x18\t \x01(\x08\x12\x13\n\x0b\x64rain_per_s\x18\n \x01(\x01\x12\x17\n\x0f\x63\x61pacity_factor\x18\x0b \x01(\x01*\x80\x01\n\rPriorityClass\x12\x1e\n\x1aPRIORITY_CLASS_UNSPECIFIED\x10\x00\x12\x1b\n\x17PRIORITY_CLASS_STANDARD\x10\x01\x12\x1a\n\x16PRIORITY_CLASS_PREMIUM\x10\x02\x12\x16\n\x12PRIORITY_CLASS_VIP\x10\x03*\xc6\x01\n\rRefusalReason\x12\x1e\n\x1aREFUSAL_REASON_UNSPECIFIED\x10\x00\x12\x1d\n\x19REFUSAL_REASON_QUEUE_FULL\x10\x01\x12\x1b\n\x17REFUSAL_REASON_DEADLINE\x10\x02\x12\x1a\n\x16REFUSAL_REASON_EVICTED\x10\x03\x12\x1c\n\x18REFUSAL_REASON_TIMED_OUT\x10\x04\x12\x1f\n\x1bREFUSAL_REASON_UNKNOWN_POOL\x10\x05\x32\xe2\x02\n\tScheduler\x12V\n\x07\x41\x63quire\x12$.llmgate.scheduler.v1.AcquireRequest\x1a%.llmgate.scheduler.v1.AcquireResponse\x12V\n\x07Release\x12$.llmgate.scheduler.v1.ReleaseRequest\x1a%.llmgate.scheduler.v1.ReleaseResponse\x12P\n\x05Renew\x12\".llmgate.scheduler.v1.RenewRequest\x1a#.llmgate.scheduler.v1.RenewResponse\x12S\n\x06Status\x12#.llmgate.scheduler.v1.StatusRequest\x1a$.llmgate.scheduler.v1.StatusResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'llmgate.scheduler.v1.scheduler_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_PRIORITYCLASS']._serialized_start=1239
-  _globals['_PRIORITYCLASS']._serialized_end=1367
-  _globals['_REFUSALREASON']._serialized_start=1370
-  _globals['_REFUSALREASON']._serialized_end=1568
+  _globals['_PRIORITYCLASS']._serialized_start=1261
+  _globals['_PRIORITYCLASS']._serialized_end=1389
+  _globals['_REFUSALREASON']._serialized_start=1392
+  _globals['_REFUSALREASON']._serialized_end=1590
   _globals['_ACQUIREREQUEST']._serialized_start=63
-  _globals['_ACQUIREREQUEST']._serialized_end=270
-  _globals['_GRANT']._serialized_start=273
-  _globals['_GRANT']._serialized_end=411
-  _globals['_REFUSAL']._serialized_start=413
-  _globals['_REFUSAL']._serialized_end=508
-  _globals['_ACQUIRERESPONSE']._serialized_start=510
-  _globals['_ACQUIRERESPONSE']._serialized_end=636
-  _globals['_RELEASEREQUEST']._serialized_start=638
-  _globals['_RELEASEREQUEST']._serialized_end=725
-  _globals['_RELEASERESPONSE']._serialized_start=727
-  _globals['_RELEASERESPONSE']._serialized_end=762
-  _globals['_RENEWREQUEST']._serialized_start=764
-  _globals['_RENEWREQUEST']._serialized_end=797
-  _globals['_RENEWRESPONSE']._serialized_start=799
-  _globals['_RENEWRESPONSE']._serialized_end=831
-  _globals['_STATUSREQUEST']._serialized_start=833
-  _globals['_STATUSREQUEST']._serialized_end=848
-  _globals['_CLASSSTATUS']._serialized_start=850
-  _globals['_CLASSSTATUS']._serialized_end=958
-  _globals['_STATUSRESPONSE']._serialized_start=961
-  _globals['_STATUSRESPONSE']._serialized_end=1236
-  _globals['_SCHEDULER']._serialized_start=1571
-  _globals['_SCHEDULER']._serialized_end=1925
+  _globals['_ACQUIREREQUEST']._serialized_end=292
+  _globals['_GRANT']._serialized_start=295
+  _globals['_GRANT']._serialized_end=433
+  _globals['_REFUSAL']._serialized_start=435
+  _globals['_REFUSAL']._serialized_end=530
+  _globals['_ACQUIRERESPONSE']._serialized_start=532
+  _globals['_ACQUIRERESPONSE']._serialized_end=658
+  _globals['_RELEASEREQUEST']._serialized_start=660
+  _globals['_RELEASEREQUEST']._serialized_end=747
+  _globals['_RELEASERESPONSE']._serialized_start=749
+  _globals['_RELEASERESPONSE']._serialized_end=784
+  _globals['_RENEWREQUEST']._serialized_start=786
+  _globals['_RENEWREQUEST']._serialized_end=819
+  _globals['_RENEWRESPONSE']._serialized_start=821
+  _globals['_RENEWRESPONSE']._serialized_end=853
+  _globals['_STATUSREQUEST']._serialized_start=855
+  _globals['_STATUSREQUEST']._serialized_end=870
+  _globals['_CLASSSTATUS']._serialized_start=872
+  _globals['_CLASSSTATUS']._serialized_end=980
+  _globals['_STATUSRESPONSE']._serialized_start=983
+  _globals['_STATUSRESPONSE']._serialized_end=1258
+  _globals['_SCHEDULER']._serialized_start=1593
+  _globals['_SCHEDULER']._serialized_end=1947
 # @@protoc_insertion_point(module_scope)

@@ -34,7 +34,7 @@ REFUSAL_REASON_TIMED_OUT: RefusalReason
 REFUSAL_REASON_UNKNOWN_POOL: RefusalReason
 
 class AcquireRequest(_message.Message):
-    __slots__ = ("pool", "request_id", "priority", "urgent", "estimated_tokens", "prompt_tokens", "deadline_ms", "tenant")
+    __slots__ = ("pool", "request_id", "priority", "urgent", "estimated_tokens", "prompt_tokens", "deadline_ms", "tenant", "answer_by_ms")
     POOL_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
@@ -43,6 +43,7 @@ class AcquireRequest(_message.Message):
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     DEADLINE_MS_FIELD_NUMBER: _ClassVar[int]
     TENANT_FIELD_NUMBER: _ClassVar[int]
+    ANSWER_BY_MS_FIELD_NUMBER: _ClassVar[int]
     pool: str
     request_id: str
     priority: PriorityClass
@@ -51,7 +52,8 @@ class AcquireRequest(_message.Message):
     prompt_tokens: int
     deadline_ms: int
     tenant: str
-    def __init__(self, pool: _Optional[str] = ..., request_id: _Optional[str] = ..., priority: _Optional[_Union[PriorityClass, str]] = ..., urgent: _Optional[bool] = ..., estimated_tokens: _Optional[int] = ..., prompt_tokens: _Optional[int] = ..., deadline_ms: _Optional[int] = ..., tenant: _Optional[str] = ...) -> None: ...
+    answer_by_ms: int
+    def __init__(self, pool: _Optional[str] = ..., request_id: _Optional[str] = ..., priority: _Optional[_Union[PriorityClass, str]] = ..., urgent: _Optional[bool] = ..., estimated_tokens: _Optional[int] = ..., prompt_tokens: _Optional[int] = ..., deadline_ms: _Optional[int] = ..., tenant: _Optional[str] = ..., answer_by_ms: _Optional[int] = ...) -> None: ...
 
 class Grant(_message.Message):
     __slots__ = ("grant_id", "queue_ms", "granted_class", "demoted", "lease_ms")

@@ -39,6 +39,7 @@ def acquire_request(pool: str, ticket: Ticket, prompt_tokens: int, tenant: str) 
         prompt_tokens=prompt_tokens,
         deadline_ms=deadline_ms,
         tenant=tenant,
+        answer_by_ms=0 if ticket.answer_by_s is None else max(1, round(ticket.answer_by_s * 1000)),
     )
 
 
@@ -49,6 +50,7 @@ def ticket_of(request: pb.AcquireRequest) -> Ticket:
         urgent=request.urgent,
         tokens=request.estimated_tokens,
         deadline_s=request.deadline_ms / 1000 if request.deadline_ms else None,
+        answer_by_s=request.answer_by_ms / 1000 if request.answer_by_ms else None,
     )
 
 

@@ -24,8 +24,9 @@ holding it back would only add latency. Under memory pressure only requests that
 Overload. The queue is bounded by count and by estimated tokens; a newcomer that ranks
 above the worst waiting request evicts it, otherwise it is refused. A newcomer whose
 ETA (`estimate.py`: the queue ahead and the pool's recent service times, else the measured
-drain rate) exceeds its deadline is refused at once; a waiting request whose ETA grows past
-what is left of its deadline (the pool slowed down, higher classes arrived) is refused as
+drain rate) exceeds its deadline, or whose ETA plus the pool's service time passes the
+point where its client gives up (`answer_by_s`), is refused at once; a waiting request whose
+ETA grows past what is left of its deadline (the pool slowed down, higher classes arrived) is refused as
 soon as that shows (checked every `recheck_s`), not at its deadline.
 
 Reserve. While top-tier (vip) traffic flows, a few slots (`estimate.reserve_slots`) are
@@ -80,6 +81,9 @@ class Ticket:
     urgent: bool = False
     tokens: int = 0
     deadline_s: float | None = None  # how long the caller will wait; None: the policy's default
+    # The caller's client gives up this long after sending (None: unknown): a slot that leaves
+    # less than the pool's service time before then would compute an answer nobody reads.
+    answer_by_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -189,7 +193,7 @@ class Queue:
         if ticket.id in self.waiting or ticket.id in self.held:
             return []
         if ticket.cls not in CLASSES:
-            ticket = Ticket(ticket.id, "standard", ticket.urgent, ticket.tokens, ticket.deadline_s)
+            ticket = replace(ticket, cls="standard")
         events: list[Event] = self.poll(now)
         self._seq += 1
         self._arrivals[ticket.cls].append(now)
@@ -205,7 +209,7 @@ class Queue:
         deadline = self.policy.default_deadline_s if ticket.deadline_s is None else ticket.deadline_s
         entry = _Waiting(ticket, self._seq, now, close, now + deadline, ticket.cls)
         eta = self.eta(entry, now)
-        if eta > deadline:
+        if self._too_late(entry, eta, now, self.service_s(now)):
             return [*events, Refused(ticket.id, "deadline", eta, ticket.cls)]
         evicted = self._make_room(entry, now)
         if evicted is None:
@@ -381,11 +385,20 @@ class Queue:
         late = []
         for ahead, w in enumerate(ranked):
             eta = self._eta(w, ahead, now, view)
-            if eta > w.deadline_at - now:
+            if self._too_late(w, eta, now, view.service_s):
                 late.append(Refused(w.ticket.id, "deadline", eta, w.ticket.cls))
         for e in late:
             self.cancel(e.id, now)
         return list(late)
+
+    @staticmethod
+    def _too_late(w: _Waiting, eta: float, now: float, service_s: float | None) -> bool:
+        """Its slot would come after its deadline, or too late for the answer to reach its
+        client before the client gives up (`answer_by_s`)."""
+        if eta > w.deadline_at - now:
+            return True
+        by = w.ticket.answer_by_s
+        return by is not None and service_s is not None and now + eta + service_s > w.arrived + by
 
     def _arrival_rate(self, classes: tuple[str, ...], now: float) -> float:
         if not classes or self._first_arrival is None:

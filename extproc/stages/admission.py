@@ -12,13 +12,13 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..config import Config
 from ..errors import error_reply
 from ..exchange import Exchange, Reply
 from ..metrics import Metrics
-from ..request import client_timeout_s, estimated_tokens, last_user_text
+from ..request import client_timeout_s, estimated_tokens, last_user_text, wants_stream
 from ..scheduler.pools import Pools, Slots
 from ..scheduler.queue import Refused, Ticket
 from ..scheduler.settings import Admission as Settings
@@ -53,6 +53,12 @@ def wait_budget_s(class_deadline_s: float, headers: dict[str, str]) -> float:
     if client_s is None:
         return class_deadline_s
     return min(class_deadline_s, client_s * CLIENT_TIMEOUT_SHARE)
+
+
+def answer_by_s(payload: dict[str, Any], headers: dict[str, str]) -> float | None:
+    """When the client gives up on a whole JSON answer (its read timeout spans the model's
+    whole run); None for a stream, whose first token is what the read timeout waits for."""
+    return None if wants_stream(payload) else client_timeout_s(headers)
 
 
 def overloaded(pool: str, outcome: Refused) -> Reply:
@@ -96,6 +102,7 @@ class Admission(Stage):
             urgent=is_urgent(last_user_text(ex.payload), s.urgency_words),
             tokens=estimated_tokens(ex.payload, ex.prompt_tokens, s.default_max_tokens),
             deadline_s=wait_budget_s(s.deadline_s(cls), ex.headers),
+            answer_by_s=answer_by_s(ex.payload, ex.headers),
         )
         slots = self.pools.slots(ex.pool)
         started = time.perf_counter()

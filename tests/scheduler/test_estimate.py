@@ -193,3 +193,16 @@ def test_a_burst_on_a_slow_pool_is_shed_within_a_second_and_the_rest_is_served_i
     # The first in line after the four running: its slot comes at 3.3 s, well in time. An
     # estimate that does not shrink while it waits would shed it once its budget fell below.
     assert "v4" in served_at
+
+
+def test_a_request_whose_answer_would_reach_its_client_too_late_is_refused() -> None:
+    """4 slots of 3.3 s, all just taken: the next slot comes in 3.3 s, and the answer 3.3 s
+    later, past a client that gives up after 5 s; one that waits 10 s is queued."""
+    q = Queue(NO_WINDOWS, limit=4)
+    now = warm(q, "vip", 4, 3.3)
+    for i in range(4):
+        assert granted(q.offer(Ticket(f"run{i}", "vip", answer_by_s=5.0), now)) == [f"run{i}"]
+    (shed,) = refused(q.offer(Ticket("impatient", "vip", deadline_s=10.0, answer_by_s=5.0), now))
+    assert shed == "impatient"
+    assert not refused(q.offer(Ticket("patient", "vip", deadline_s=10.0, answer_by_s=10.0), now))
+    assert not refused(q.offer(Ticket("unknown", "vip", deadline_s=10.0), now))

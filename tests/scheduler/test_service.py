@@ -12,7 +12,7 @@ import pytest
 from extproc.metrics import Metrics
 from extproc.scheduler.client import RemoteScheduler
 from extproc.scheduler.local import LocalScheduler
-from extproc.scheduler.proto import pb, pb_grpc
+from extproc.scheduler.proto import acquire_request, pb, pb_grpc, ticket_of
 from extproc.scheduler.queue import CLASSES, Granted, Policy, Refused, Ticket
 from extproc.scheduler.service import SchedulerService
 from extproc.scheduler.settings import Capacity
@@ -138,3 +138,10 @@ async def test_grants_of_a_dead_gate_expire_and_renewed_ones_do_not(port: int) -
 @pytest.fixture
 def port() -> int:
     return free_port()
+
+
+def test_the_tickets_every_field_crosses_the_wire() -> None:
+    ticket = Ticket("id-1", "premium", urgent=True, tokens=321, deadline_s=2.5, answer_by_s=5.0)
+    assert ticket_of(acquire_request("primary", ticket, 10, "acme")) == ticket
+    bare = Ticket("id-2")
+    assert ticket_of(acquire_request("primary", bare, 0, "acme")) == bare

@@ -12,7 +12,14 @@ from extproc.config import Config
 from extproc.exchange import Exchange
 from extproc.metrics import Metrics
 from extproc.scheduler.pools import Pools
-from extproc.stages.admission import Admission, estimated_tokens, is_urgent, last_user_text, wait_budget_s
+from extproc.stages.admission import (
+    Admission,
+    answer_by_s,
+    estimated_tokens,
+    is_urgent,
+    last_user_text,
+    wait_budget_s,
+)
 from load.stack import free_port
 
 DEFAULT_WORDS = Config().admission.urgency_words
@@ -155,3 +162,15 @@ async def test_a_request_that_cannot_make_its_budget_is_told_at_once_not_at_its_
 def test_a_request_never_queues_past_half_its_clients_timeout(header: str | None, budget: float) -> None:
     headers = {} if header is None else {"x-stainless-read-timeout": header}
     assert wait_budget_s(10.0, headers) == budget
+
+
+@pytest.mark.parametrize(
+    ("stream", "header", "answer_by"),
+    [(False, "5", 5.0), (True, "5", None), (False, None, None), (False, "soon", None)],
+)
+def test_a_json_answer_must_reach_its_client_before_its_timeout(
+    stream: bool, header: str | None, answer_by: float | None
+) -> None:
+    """A whole JSON answer must arrive within the client's read timeout; a stream's first token."""
+    headers = {} if header is None else {"x-stainless-read-timeout": header}
+    assert answer_by_s({"stream": stream}, headers) == answer_by
