@@ -42,9 +42,10 @@ import math
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from itertools import islice
 from typing import Literal
 
-from .estimate import reserve_slots, service_time, wait_estimate
+from .estimate import MIN_TURN, reserve_slots, service_time, wait_estimate
 
 CLASSES: tuple[str, ...] = ("vip", "premium", "standard")
 HIGH_CLASSES = frozenset({"vip", "premium"})
@@ -262,9 +263,12 @@ class Queue:
             if held.lease_until <= now:
                 del self.held[id]
                 events.append(Expired(id, held.cls))
+        floods: dict[str, bool] = {}
         for w in list(self.waiting.values()):
             late = now - w.arrived >= self.policy.max_wait_s
-            if w.cls in HIGH_CLASSES and late and self.floods(w.cls, now):
+            if w.cls in HIGH_CLASSES and late and w.cls not in floods:
+                floods[w.cls] = self.floods(w.cls, now)  # once per class and poll
+            if w.cls in HIGH_CLASSES and late and floods[w.cls]:
                 w.cls, w.demoted = "standard", True
                 events.append(Demoted(w.ticket.id, w.ticket.cls))
             if now >= w.deadline_at:
@@ -322,7 +326,11 @@ class Queue:
 
     def service_s(self, now: float) -> float | None:
         """Seconds a slot is held (recent releases, or longer when running requests show a slowdown)."""
-        return service_time(list(self._service), [now - h.granted_at for h in self.held.values()], self.limit)
+        return service_time(self._last_turn(), [now - h.granted_at for h in self.held.values()], self.limit)
+
+    def _last_turn(self) -> list[float]:
+        """The newest `limit` slot hold times (at least MIN_TURN), newest first."""
+        return list(islice(reversed(self._service), max(self.limit, MIN_TURN)))
 
     def floods(self, cls: str, now: float) -> bool:
         """Whether `cls` arrives faster than the pool releases slots (True before anything was
@@ -336,7 +344,7 @@ class Queue:
         p = self.policy
         rates = {c: self._arrival_rate((c,), now) for c in CLASSES}
         ages = tuple(now - h.granted_at for h in self.held.values())
-        service = service_time(list(self._service), ages, self.limit)
+        service = service_time(self._last_turn(), ages, self.limit)
         top = rates[CLASSES[0]]
         reserved = reserve_slots(self.limit, top, service, p.reserve_factor, p.reserve_max_share)
         return _View(service, reserved, rates, sum(1 for h in self.held.values() if not h.top), ages)
@@ -405,7 +413,13 @@ class Queue:
             return 0.0
         window = self.policy.drain_window_s
         span = max(min(window, now - self._first_arrival), 0.5)
-        return sum(sum(1 for t in self._arrivals[c] if t >= now - window) for c in classes) / span
+        count = 0
+        for c in classes:
+            times = self._arrivals[c]
+            while times and times[0] < now - window:  # what left the window never comes back
+                times.popleft()
+            count += len(times)
+        return count / span
 
     def eta_for(self, cls: str, now: float, urgent: bool = False) -> float:
         """The ETA a new request of `cls` would be given now."""
