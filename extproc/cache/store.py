@@ -13,6 +13,7 @@ all. A key dropped from a full bucket stays in its other buckets and in the exac
 
 from __future__ import annotations
 
+import heapq
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -88,6 +89,10 @@ class _Scope:
     vectors: dict[str, bytes] = field(default_factory=dict)
     sigs: dict[str, tuple[str, ...]] = field(default_factory=dict)
     bands: dict[str, dict[str, float]] = field(default_factory=dict)  # band -> key -> expiry
+    # (expiry, key), soonest first, as Redis's sorted set ranks them: the expired and the
+    # oldest are found without a scan of the scope. A pair whose key has since been dropped or
+    # stored again no longer matches `expiry` and is skipped.
+    by_expiry: list[tuple[float, str]] = field(default_factory=list)
     tenant: str = ""
     model: str = ""
 
@@ -147,6 +152,7 @@ class MemoryStore:
         self._drop(item.scope, s, item.key)
         self.entries[(item.scope, item.key)] = item.entry
         s.expiry[item.key] = now + item.ttl_ms / 1000
+        heapq.heappush(s.by_expiry, (s.expiry[item.key], item.key))
         if item.vector is not None:
             s.vectors[item.key] = item.vector
             s.sigs[item.key] = item.bands
@@ -154,10 +160,21 @@ class MemoryStore:
                 self._into_band(s, band, item.key, s.expiry[item.key], item.band_cap, now)
         if item.token is not None:
             await self.release(item.scope, item.key, item.token)
-        for key in [k for k, exp in s.expiry.items() if exp <= now]:
-            self._drop(item.scope, s, key)
-        while len(s.expiry) > item.max_entries:
-            self._drop(item.scope, s, min(s.expiry, key=lambda k: s.expiry[k]))
+        while s.by_expiry and s.by_expiry[0][0] <= now:
+            self._drop_first(item.scope, s)
+        while len(s.expiry) > item.max_entries and s.by_expiry:
+            self._drop_first(item.scope, s)
+        if len(s.by_expiry) > 2 * len(s.expiry) + 64:  # mostly stale pairs: rebuild
+            s.by_expiry = [(exp, k) for k, exp in s.expiry.items()]
+            heapq.heapify(s.by_expiry)
+
+    def _drop_first(self, scope: str, s: _Scope) -> None:
+        """Drop the entry that expires first (stale pairs on the way are discarded)."""
+        while s.by_expiry:
+            exp, key = heapq.heappop(s.by_expiry)
+            if s.expiry.get(key) == exp:
+                self._drop(scope, s, key)
+                return
 
     @staticmethod
     def _into_band(s: _Scope, band: str, key: str, expiry: float, cap: int, now: float) -> None:
