@@ -41,9 +41,11 @@ class Pipeline:
         self.services = services  # closed with the pipeline
         self.tracing = services.tracing if services is not None else Tracing()
         self.active = 0  # open streams on this pipeline (a retired one closes when it reaches 0)
-        # Per hook, only the stages that implement it: a request never awaits a no-op.
+        # Per hook, only the stages that implement it and can act under this config: a request
+        # never awaits a no-op.
         self._hooks = {
-            hook: [s for s in stages if getattr(type(s), hook) is not getattr(Stage, hook)] for hook in HOOKS
+            hook: [s for s in stages if getattr(type(s), hook) is not getattr(Stage, hook) and s.runs(hook)]
+            for hook in HOOKS
         }
         self._timers = {
             (s.name, hook): metrics.stage_seconds.labels(s.name, hook.removeprefix("on_"))

@@ -89,6 +89,9 @@ class Cache(Stage):
             f.store_ok = False
         return result
 
+    def runs(self, hook: str) -> bool:
+        return self.config.enabled
+
     # ------------------------------------------------------------------ request
 
     async def on_request(self, ex: Exchange) -> Reply | None:
