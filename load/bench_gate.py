@@ -33,9 +33,11 @@ from .stack import LOOPBACK, envoy_command, free_port, free_ports, wait_http, wa
 
 RESULTS = Path(__file__).parent / "results" / "bench_gate.md"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
+# As vLLM answers: a JSON completion always carries its usage (the gate counts only when one does not).
 ANSWER = (
     '{"id":"x","object":"chat.completion","model":"llama-3-8b","choices":[{"index":0,'
-    '"message":{"role":"assistant","content":"Paris."},"finish_reason":"stop"}]}'
+    '"message":{"role":"assistant","content":"Paris."},"finish_reason":"stop"}],'
+    '"usage":{"prompt_tokens":19,"completion_tokens":3,"total_tokens":22}}'
 )
 # wrk script: one fixed question, or a new question for every request (cache misses).
 WRK_SCRIPT = """
