@@ -6,7 +6,7 @@ in a row with the process's CPU clock. It isolates the per-request work `bench_g
 ratios depend on, so a change can be measured in seconds even on a busy machine; the ratios
 to the no-op ext_proc still come from `bench_gate`.
 
-    python -m load.bench_hop [--requests 400] [--repeat 12]
+    python -m load.bench_hop [--requests 400] [--repeat 12]   (writes load/results/bench_hop.md)
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import logging
 import os
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -28,6 +29,8 @@ from extproc.metrics import Metrics
 from extproc.server import Session
 
 from .bench_gate import ANSWER, ONLY_VALIDATE_AND_ROUTE, SEMANTIC_OFF
+
+RESULTS = Path(__file__).parent / "results" / "bench_hop.md"
 
 # What Envoy sends for wrk's POST (Envoy adds x-request-id, x-forwarded-proto, x-envoy-*).
 REQUEST_HEADERS = {
@@ -122,6 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--requests", type=int, default=400)
     parser.add_argument("--repeat", type=int, default=12)
     parser.add_argument("--only", default="", help="run only variants whose name contains this")
+    parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     # The access log on, as in production, written where bench_gate writes it (a file).
     logging.basicConfig(
@@ -129,10 +133,21 @@ def main(argv: list[str] | None = None) -> int:
     )
     import uvloop
 
+    rows = []
     for name, config, questions in VARIANTS:
         if args.only in name:
             us = uvloop.run(measure(config, questions, args.requests, args.repeat))
             print(f"{name:45s} {us:7.1f} µs CPU per request", flush=True)
+            rows.append(f"| {name} | {us:.0f} |")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(
+        f"# The gate's own work per request ({time.strftime('%Y-%m-%d')})\n\n"
+        f"`python -m load.bench_hop --requests {args.requests} --repeat {args.repeat}`: a Session fed "
+        "Envoy's messages in process (no gRPC, Envoy or wrk), access log on, in-process stores; "
+        f"the best of {args.repeat} runs.\n\n| path | CPU µs per request |\n|---|---:|\n"
+        + "\n".join(rows)
+        + "\n"
+    )
     return 0
 
 
