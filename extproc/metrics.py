@@ -2,7 +2,40 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from typing import Any, Self
+
+import prometheus_client
+from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client.metrics import MetricWrapperBase
+
+
+class _Children(MetricWrapperBase):
+    """`labels(...)` with a dictionary in front: a request finds its labelled child without
+    prometheus-client's checks and lock (the children are never removed)."""
+
+    def labels(self, *labelvalues: Any, **labelkwargs: Any) -> Self:
+        if labelkwargs:
+            return super().labels(*labelvalues, **labelkwargs)
+        memo: dict[tuple[Any, ...], Self] | None = self.__dict__.get("_memo")
+        if memo is None:
+            memo = self.__dict__["_memo"] = {}
+        child = memo.get(labelvalues)
+        if child is None:
+            child = memo[labelvalues] = super().labels(*labelvalues)
+        return child
+
+
+class Counter(_Children, prometheus_client.Counter):
+    pass
+
+
+class Gauge(_Children, prometheus_client.Gauge):
+    pass
+
+
+class Histogram(_Children, prometheus_client.Histogram):
+    pass
+
 
 BREAKER_STATES = ("closed", "half_open", "open")  # as gate_breaker_state encodes them: 0, 1, 2
 

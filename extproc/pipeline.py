@@ -41,13 +41,16 @@ class Pipeline:
         self.services = services  # closed with the pipeline
         self.tracing = services.tracing if services is not None else Tracing()
         self.active = 0  # open streams on this pipeline (a retired one closes when it reaches 0)
-        # Per hook, only the stages that implement it: a request never awaits a no-op.
+        # Per hook, only the stages that implement it and can act under this config: a request
+        # never awaits a no-op.
         self._hooks = {
-            hook: [s for s in stages if getattr(type(s), hook) is not getattr(Stage, hook)] for hook in HOOKS
+            hook: [s for s in stages if getattr(type(s), hook) is not getattr(Stage, hook) and s.runs(hook)]
+            for hook in HOOKS
         }
-        self._timers = {
-            (s.name, hook): metrics.stage_seconds.labels(s.name, hook.removeprefix("on_"))
-            for s in stages
+        # The request hooks, bound once with their timers: (stage, hook, its timer).
+        self._timed = {
+            hook: [(s, getattr(s, hook), metrics.stage_seconds.labels(s.name, hook.removeprefix("on_")))
+                   for s in self._hooks[hook]]
             for hook in ("on_headers", "on_request")
         }
 
@@ -104,8 +107,8 @@ class Pipeline:
         tracing = self.tracing if self.tracing.enabled else None
         if tracing is not None and hook == "on_headers":
             tracing.begin(ex)
-        for stage in self._hooks[hook]:
-            method: Callable[[Exchange], Awaitable[Reply | None]] = getattr(stage, hook)
+        method: Callable[[Exchange], Awaitable[Reply | None]]
+        for stage, method, timer in self._timed[hook]:
             started = time.perf_counter()
             try:
                 if tracing is None:
@@ -115,7 +118,7 @@ class Pipeline:
                         reply = await method(ex)
             except Exception:
                 reply = self._failed(stage, hook, ex)
-            self._timers[stage.name, hook].observe(time.perf_counter() - started)
+            timer.observe(time.perf_counter() - started)
             if reply is not None:
                 return reply
         return None

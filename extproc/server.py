@@ -11,7 +11,6 @@ import asyncio
 import logging
 import re
 import time
-import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -22,7 +21,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 
 from .config import ServerTLS
-from .exchange import Exchange, Reply, split_gate_headers
+from .exchange import Exchange, Reply, new_id, split_gate_headers
 from .pipeline import Pipeline
 from .tls import bind
 from .wire import Continue, continue_response, header_map, immediate_response, override_timeout
@@ -45,7 +44,7 @@ def request_id(headers: dict[str, str]) -> str:
     parts = headers.get("traceparent", "").split("-")
     if len(parts) == 4 and len(parts[1]) == 32 and _ID.fullmatch(parts[1]):
         return parts[1]
-    return uuid.uuid4().hex
+    return new_id()
 
 
 # A JSON answer up to this size reaches the gate in one message (Envoy buffers it; its own
@@ -71,21 +70,30 @@ class Session:
         self.busy = 0.0
         self.answered = False
 
-    async def handle(self, request: pb.ProcessingRequest) -> AsyncIterator[pb.ProcessingResponse]:
-        """The answers to one message: one, preceded by a request for a longer deadline when
-        the request may wait (queue, coalescing) longer than Envoy's message timeout."""
-        phase = request.WhichOneof("request")
+    def before(self, phase: str | None, request: pb.ProcessingRequest) -> pb.ProcessingResponse | None:
+        """What goes to Envoy before a message's answer: a longer deadline for the whole
+        request body when the request may wait (queue, coalescing) longer than Envoy's
+        message timeout."""
         if phase == "request_body" and request.request_body.end_of_stream and self.ex is not None:
             seconds = self.pipeline.longer_timeout_s(self.ex)
             if seconds is not None:
-                yield override_timeout(seconds)
+                return override_timeout(seconds)
+        return None
+
+    async def answer(self, phase: str | None, request: pb.ProcessingRequest) -> pb.ProcessingResponse | None:
+        """The answer to one message (timed: the gate's own share of the request's latency)."""
         started = time.perf_counter()
         try:
-            response = await self._answer_message(phase, request)
+            return await self._answer_message(phase, request)
         finally:
             self.busy += time.perf_counter() - started
-        if response is not None:
-            yield response
+
+    async def handle(self, request: pb.ProcessingRequest) -> list[pb.ProcessingResponse]:
+        """Every response to one message, in order."""
+        phase = request.WhichOneof("request")
+        early = self.before(phase, request)
+        response = await self.answer(phase, request)
+        return [r for r in (early, response) if r is not None]
 
     async def _answer_message(
         self, phase: str | None, request: pb.ProcessingRequest
@@ -210,8 +218,14 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
         metrics = self.pipeline.metrics
         metrics.streams_active.inc()
         try:
+            # One coroutine per message, no generator: this loop is the gate's hot path.
             async for request in request_iterator:
-                async for response in session.handle(request):
+                phase = request.WhichOneof("request")
+                early = session.before(phase, request)
+                if early is not None:
+                    yield early
+                response = await session.answer(phase, request)
+                if response is not None:
                     yield response
         except asyncio.CancelledError:
             # Envoy ends a stream it needs no more once the response is on its way: only a

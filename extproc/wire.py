@@ -51,27 +51,49 @@ def header_map(message: pb.HttpHeaders) -> dict[str, str]:
     """Header name → value; repeated headers are joined with a comma, as HTTP allows."""
     out: dict[str, str] = {}
     for h in message.headers.headers:
-        value = h.raw_value.decode("utf-8", "replace") if h.raw_value else h.value
+        raw = h.raw_value
+        value = raw.decode("utf-8", "replace") if raw else h.value
         key = h.key.lower()
         out[key] = f"{out[key]},{value}" if key in out else value
     return out
 
 
-def _mutation(set_headers: dict[str, str], remove: list[str]) -> base_pb2.HeaderValueOption:
+_OVERWRITE = base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD
+
+
+def _mutation(set_headers: dict[str, str], remove: list[str]) -> pb.HeaderMutation:
+    option, value = base_pb2.HeaderValueOption, base_pb2.HeaderValue
     return pb.HeaderMutation(
         set_headers=[
-            base_pb2.HeaderValueOption(
-                header=base_pb2.HeaderValue(key=k, raw_value=v.encode()),
-                append_action=base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD,
-            )
+            option(header=value(key=k, raw_value=v.encode()), append_action=_OVERWRITE)
             for k, v in set_headers.items()
         ],
         remove_headers=remove,
     )
 
 
+# Answers to the request's messages repeat (the same pool's header, no change at all): each
+# is built once and shared. Shared messages are only ever serialised, never changed.
+_SHARED_PHASES = frozenset({"request_headers", "request_body"})
+_SHARED_MAX = 256
+_shared: dict[tuple[object, ...], pb.ProcessingResponse] = {}
+
+
 def continue_response(phase: str, cont: Continue) -> pb.ProcessingResponse:
     """`phase` is the ProcessingRequest field being answered, e.g. "request_body"."""
+    if phase not in _SHARED_PHASES or cont.body is not None:
+        return _continue_response(phase, cont)
+    key = (phase, tuple(cont.set_headers.items()), tuple(cont.remove_headers), cont.clear_route,
+           cont.passthrough, cont.capture_body, cont.whole_body)
+    response = _shared.get(key)
+    if response is None:
+        if len(_shared) >= _SHARED_MAX:  # client-chosen header names vary: stay bounded
+            _shared.clear()
+        response = _shared[key] = _continue_response(phase, cont)
+    return response
+
+
+def _continue_response(phase: str, cont: Continue) -> pb.ProcessingResponse:
     headers = dict(cont.set_headers)
     common = pb.CommonResponse(clear_route_cache=cont.clear_route)
     if cont.body is not None:

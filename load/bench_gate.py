@@ -33,9 +33,11 @@ from .stack import LOOPBACK, envoy_command, free_port, free_ports, wait_http, wa
 
 RESULTS = Path(__file__).parent / "results" / "bench_gate.md"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
+# As vLLM answers: a JSON completion always carries its usage (the gate counts only when one does not).
 ANSWER = (
     '{"id":"x","object":"chat.completion","model":"llama-3-8b","choices":[{"index":0,'
-    '"message":{"role":"assistant","content":"Paris."},"finish_reason":"stop"}]}'
+    '"message":{"role":"assistant","content":"Paris."},"finish_reason":"stop"}],'
+    '"usage":{"prompt_tokens":19,"completion_tokens":3,"total_tokens":22}}'
 )
 # wrk script: one fixed question, or a new question for every request (cache misses).
 WRK_SCRIPT = """
@@ -265,7 +267,10 @@ def run_variant(variant: Variant, work: Path, args: argparse.Namespace) -> dict[
             big = subprocess.Popen(big_cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         cpu_before = group_cpu_seconds(proc.pid) if proc else 0.0
         before = embedding_counts(metrics_ports) if variant.embedder else {}
+        spy = profile(proc, variant, args) if proc and args.profile else None
         out = subprocess.run([*wrk, f"-d{args.duration}s", url], capture_output=True, text=True, check=True)
+        if spy is not None:
+            spy.wait(30)
         result = parse_wrk(out.stdout)
         cpu = (group_cpu_seconds(proc.pid) - cpu_before) if proc else 0.0
         result["cpu_ms_per_req"] = 1000 * cpu / max(result["requests"], 1)
@@ -289,6 +294,24 @@ def run_variant(variant: Variant, work: Path, args: argparse.Namespace) -> dict[
                 p.wait(10)
             except (ProcessLookupError, subprocess.TimeoutExpired):
                 pass
+
+
+def slug(name: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+
+
+def profile(
+    proc: subprocess.Popen[bytes], variant: Variant, args: argparse.Namespace
+) -> subprocess.Popen[bytes]:
+    """py-spy on the ext_proc (and its workers) for the measured run: collapsed stacks, one per
+    line, in `--profile`'s folder (`python -m load.profile_summary FILE` says where the time goes).
+    Sampling costs CPU on the same cores: figures from a profiled run are not quoted."""
+    args.profile.mkdir(parents=True, exist_ok=True)
+    out = args.profile / f"{slug(variant.name)}.txt"
+    spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+    cmd = [spy, "record", "--format", "raw", "--rate", "250", "--subprocesses", "--nonblocking",
+           "--duration", str(args.duration), "--pid", str(proc.pid), "--output", str(out)]
+    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
 def raw_embedder_rate(name: str, seconds: float, processes: int = 1) -> float:
@@ -405,6 +428,7 @@ def main(argv: list[str] | None = None) -> int:
         help="run only variants whose name or group contains this (repeatable); the no-op always runs",
     )
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--profile", type=Path, help="py-spy each ext_proc into this folder (needs py-spy)")
     args = parser.parse_args(argv)
     if shutil.which("wrk") is None:
         print("wrk is needed: apt-get install wrk", file=sys.stderr)

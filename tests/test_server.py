@@ -119,3 +119,29 @@ async def test_body_before_headers_is_a_protocol_error(stub: pb_grpc.ExternalPro
     with pytest.raises(grpc.aio.AioRpcError) as err:
         await call.read()
     assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+
+
+async def test_with_every_optional_stage_off_a_pools_5xx_still_says_do_not_retry() -> None:
+    """Stages that cannot act under the config are never called (nor timed), but the breaker's
+    advice on a model's 5xx holds with the breaker off."""
+    off = {"enabled": False}
+    config = Config.model_validate({"ratelimit": off, "breaker": off, "cache": off, "admission": off})
+    metrics = Metrics()
+    running = await start_server(build_pipeline(config, metrics), "127.0.0.1", 0, 2 << 20)
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{running.port}") as channel:
+            stub = pb_grpc.ExternalProcessorStub(channel)
+            *_, answer = await exchange(stub, headers(POST), body(GOOD), response_headers(503))
+            again = await exchange(stub, headers(POST), body(GOOD), response_headers(200))
+    finally:
+        await running.server.stop(0)
+        await running.processor.pipeline.aclose()
+    back = set_headers(answer.response_headers.response.header_mutation)
+    assert back["x-should-retry"] == "false"
+    assert not answer.HasField("mode_override")  # nothing waits for the body: Envoy keeps it
+    assert back["x-gate-request-id"] != set_headers(again[2].response_headers.response.header_mutation)[
+        "x-gate-request-id"
+    ]
+    samples = metrics.stage_seconds.collect()[0].samples
+    timed = {s.labels["stage"] for s in samples if s.name.endswith("_count")}
+    assert timed == {"identity", "validate", "route", "prompt_limit"}

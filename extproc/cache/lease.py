@@ -19,12 +19,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-import uuid
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 
 from ..config import CacheCoalesce
+from ..exchange import new_id
 from ..metrics import Metrics
 from ..redis_conn import StoreGuard
 from ..tasks import Tasks
@@ -110,7 +110,7 @@ class Leases:
             return Claim("hit", found.entry) if found.role == "hit" else Claim("upstream")
         local = _Local(asyncio.get_running_loop().create_future(), scope, key)
         self.local[slot] = local
-        token = uuid.uuid4().hex
+        token = new_id()
         lookup = self.store.lookup(scope, key, token, self.lease_ms)
         found = await self._run(lookup, None, "cache_lookup")
         if found is None:

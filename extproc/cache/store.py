@@ -18,6 +18,7 @@ again. The answer's `put` replaces the announcement; an announcement nobody answ
 
 from __future__ import annotations
 
+import heapq
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -113,6 +114,10 @@ class _Scope:
     sigs: dict[str, tuple[str, ...]] = field(default_factory=dict)
     bands: dict[str, dict[str, float]] = field(default_factory=dict)  # band -> key -> expiry
     texts: dict[str, str] = field(default_factory=dict)  # announced keys in flight -> question
+    # (expiry, key), soonest first, as Redis's sorted set ranks them: the expired and the
+    # oldest are found without a scan of the scope. A pair whose key has since been dropped or
+    # stored again no longer matches `expiry` and is skipped.
+    by_expiry: list[tuple[float, str]] = field(default_factory=list)
     tenant: str = ""
     model: str = ""
 
@@ -172,14 +177,26 @@ class MemoryStore:
         self._drop(item.scope, s, item.key)
         self.entries[(item.scope, item.key)] = item.entry
         s.expiry[item.key] = now + item.ttl_ms / 1000
+        heapq.heappush(s.by_expiry, (s.expiry[item.key], item.key))
         if item.vector is not None:
             self._index(s, item.key, item.vector, item.bands, item.band_cap, now)
         if item.token is not None:
             await self.release(item.scope, item.key, item.token)
-        for key in [k for k, exp in s.expiry.items() if exp <= now]:
-            self._drop(item.scope, s, key)
-        while len(s.expiry) > item.max_entries:
-            self._drop(item.scope, s, min(s.expiry, key=lambda k: s.expiry[k]))
+        while s.by_expiry and s.by_expiry[0][0] <= now:
+            self._drop_first(item.scope, s)
+        while len(s.expiry) > item.max_entries and s.by_expiry:
+            self._drop_first(item.scope, s)
+        if len(s.by_expiry) > 2 * len(s.expiry) + 64:  # mostly stale pairs: rebuild
+            s.by_expiry = [(exp, k) for k, exp in s.expiry.items()]
+            heapq.heapify(s.by_expiry)
+
+    def _drop_first(self, scope: str, s: _Scope) -> None:
+        """Drop the entry that expires first (stale pairs on the way are discarded)."""
+        while s.by_expiry:
+            exp, key = heapq.heappop(s.by_expiry)
+            if s.expiry.get(key) == exp:
+                self._drop(scope, s, key)
+                return
 
     async def pend(self, item: Pending) -> None:
         now = self.clock()
@@ -188,6 +205,7 @@ class MemoryStore:
             return
         self._drop(item.scope, s, item.key)
         s.expiry[item.key] = now + item.ttl_ms / 1000
+        heapq.heappush(s.by_expiry, (s.expiry[item.key], item.key))
         s.texts[item.key] = item.text
         self._index(s, item.key, item.vector, item.bands, item.band_cap, now)
 

@@ -91,6 +91,9 @@ class Admission(Stage):
     def build(cls, config: Config, services: Services) -> Admission:
         return cls(config.admission, services.pools, services.metrics)
 
+    def runs(self, hook: str) -> bool:
+        return self.settings.enabled
+
     async def on_request(self, ex: Exchange) -> Reply | None:
         if not self.settings.enabled or ex.pool is None or ex.payload is None:
             return None

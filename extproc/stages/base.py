@@ -26,6 +26,11 @@ class Stage:
     def build(cls, config: Config, services: Services) -> Self:
         raise TypeError(f"{cls.__name__} does not say how it is built")
 
+    def runs(self, hook: str) -> bool:
+        """Whether `hook` (e.g. "on_request") can do anything under this stage's config. The
+        pipeline never calls, nor times, one that cannot; a config change builds a new pipeline."""
+        return True
+
     async def on_headers(self, ex: Exchange) -> Reply | None:
         """Request headers are in; the body is not."""
         return None

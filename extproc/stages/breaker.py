@@ -76,6 +76,10 @@ class Breaker(Stage):
     def build(cls, config: Config, services: Services) -> Breaker:
         return cls(services.breakers, config.routing, config.breaker, config.validation.max_prompt_tokens)
 
+    def runs(self, hook: str) -> bool:
+        # Off, it still tells clients not to retry a model's 5xx.
+        return self.config.enabled or hook == "on_response"
+
     async def on_request(self, ex: Exchange) -> Reply | None:
         if not self.config.enabled or ex.pool is None or ex.payload is None:
             return None

@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-import uuid
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -34,7 +33,7 @@ from ..config import Config
 from ..dedup.canonical import canonical
 from ..embed.batching import EmbedShedError
 from ..errors import SHOULD_RETRY, error_reply
-from ..exchange import Exchange, Reply
+from ..exchange import Exchange, Reply, new_id
 from ..metrics import Metrics
 from ..redis_conn import StoreGuard
 from ..request import client_timeout_s, wants_stream, wants_usage
@@ -94,6 +93,9 @@ class Cache(Stage):
         if result is None:
             f.store_ok = False
         return result
+
+    def runs(self, hook: str) -> bool:
+        return self.config.enabled
 
     # ------------------------------------------------------------------ request
 
@@ -263,7 +265,7 @@ class Cache(Stage):
             if entry.source:  # an alias: answered from a paraphrase
                 kind, similarity, key = "semantic", entry.similarity, entry.source
         chat = ex.route_path.endswith("/chat/completions")
-        rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
+        rid = f"{'chatcmpl' if chat else 'cmpl'}-{new_id()}"
         ctype, body = replay(entry, f.stream, f.include_usage, rid, int(time.time()))
         f.served = True
         self.metrics.cache_requests.labels(result).inc()

@@ -70,6 +70,9 @@ class RateLimit(Stage):
     def build(cls, config: Config, services: Services) -> RateLimit:
         return cls(config.ratelimit, services.limits, services.metrics, services.store)
 
+    def runs(self, hook: str) -> bool:
+        return self.config.enabled
+
     async def on_request(self, ex: Exchange) -> Reply | None:
         if not self.config.enabled or ex.payload is None:
             return None

@@ -89,6 +89,9 @@ class TokenBudget(Stage):
     def build(cls, config: Config, services: Services) -> TokenBudget:
         return cls(config.admission, services.budgets, services.metrics, services.store)
 
+    def runs(self, hook: str) -> bool:
+        return bool(self.settings.token_budget.tokens_per_minute)
+
     def budget_for(self, tenant: str) -> Budget | None:
         per_tenant = self.settings.token_budget.tokens_per_minute
         per_minute = per_tenant.get(tenant, per_tenant.get("*"))

@@ -134,6 +134,19 @@ async def a_scope_keeps_at_most_max_entries(store: Store) -> None:
     assert sorted(k for k, _ in await store.candidates(S, ["0:1"], 10)) == ["k2", "k3", "k4"]
 
 
+async def a_full_scope_drops_by_the_latest_store_of_each_key(store: Store) -> None:
+    """A key stored again counts from its last store; a purged key takes no room."""
+    await store.put(put("a", ttl_ms=60_000, max_entries=3))
+    await store.put(put("b", ttl_ms=61_000, max_entries=3))
+    await store.put(put("c", ttl_ms=62_000, max_entries=3))
+    await store.put(put("a", ttl_ms=63_000, max_entries=3))  # now the last to expire
+    assert await store.purge(scope=S, key="c") == 1
+    await store.put(put("d", ttl_ms=64_000, max_entries=3))
+    assert await store.fetch(S, ["a", "b", "c", "d"]) == [b"entry-a", b"entry-b", None, b"entry-d"]
+    await store.put(put("e", ttl_ms=65_000, max_entries=3))
+    assert await store.fetch(S, ["a", "b", "d", "e"]) == [b"entry-a", None, b"entry-d", b"entry-e"]
+
+
 async def a_full_bucket_keeps_the_entries_that_expire_last(store: Store) -> None:
     # Template traffic: every entry lands in bucket "0:hot"; each also has a bucket of its own.
     for i in range(6):
@@ -224,6 +237,7 @@ CASES: list[Callable[[Store], Awaitable[None]]] = [
     candidates_share_a_band_and_carry_their_vector,
     storing_a_key_again_replaces_its_buckets,
     a_scope_keeps_at_most_max_entries,
+    a_full_scope_drops_by_the_latest_store_of_each_key,
     a_full_bucket_keeps_the_entries_that_expire_last,
     dropping_an_entry_frees_its_place_in_a_full_bucket,
     an_expired_entry_leaves_no_hole_in_a_full_bucket,

@@ -1,0 +1,155 @@
+"""The gate's own Python work per request, without gRPC, Envoy or wrk: CPU µs per path.
+
+Feeds a gate `Session` the messages Envoy sends for one request (request headers, body,
+response headers, and the response body when the gate asks for it) and times many requests
+in a row with the process's CPU clock. It isolates the per-request work `bench_gate`'s
+ratios depend on, so a change can be measured in seconds even on a busy machine; the ratios
+to the no-op ext_proc still come from `bench_gate`.
+
+    python -m load.bench_hop [--requests 400] [--repeat 12]   (writes load/results/bench_hop.md)
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import orjson
+from envoy.config.core.v3 import base_pb2
+from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+
+from extproc.app import build_pipeline
+from extproc.config import Config
+from extproc.metrics import Metrics
+from extproc.server import Session
+
+from .bench_gate import ANSWER, ONLY_VALIDATE_AND_ROUTE, SEMANTIC_OFF
+
+RESULTS = Path(__file__).parent / "results" / "bench_hop.md"
+
+# What Envoy sends for wrk's POST (Envoy adds x-request-id, x-forwarded-proto, x-envoy-*).
+REQUEST_HEADERS = {
+    ":authority": "127.0.0.1:10000",
+    ":path": "/v1/chat/completions",
+    ":method": "POST",
+    ":scheme": "http",
+    "content-type": "application/json",
+    "content-length": "96",
+    "x-forwarded-proto": "http",
+    "x-request-id": "3f1e9a52-7d0c-4c1e-9d55-2a8f5f0b7c11",
+}
+RESPONSE_HEADERS = {
+    ":status": "200",
+    "content-type": "application/json",
+    "content-length": str(len(ANSWER)),
+    "date": "Tue, 01 Dec 2026 07:00:00 GMT",
+    "server": "envoy",
+    "x-envoy-upstream-service-time": "0",
+}
+
+
+def headers_message(phase: str, values: dict[str, str]) -> pb.ProcessingRequest:
+    hv = [base_pb2.HeaderValue(key=k, raw_value=v.encode()) for k, v in values.items()]
+    return pb.ProcessingRequest(**{phase: pb.HttpHeaders(headers=base_pb2.HeaderMap(headers=hv))})
+
+
+def body_message(phase: str, data: bytes) -> pb.ProcessingRequest:
+    return pb.ProcessingRequest(**{phase: pb.HttpBody(body=data, end_of_stream=True)})
+
+
+def chat(question: str) -> bytes:
+    return orjson.dumps(
+        {"model": "llama-3-8b", "max_tokens": 16, "messages": [{"role": "user", "content": question}]}
+    )
+
+
+REQUEST = headers_message("request_headers", REQUEST_HEADERS)
+RESPONSE = headers_message("response_headers", RESPONSE_HEADERS)
+RESPONSE_BODY = body_message("response_body", ANSWER.encode())
+
+
+async def one_request(session: Session, body: pb.ProcessingRequest) -> None:
+    """Envoy's messages in order, each sent only when the gate's answers ask for it."""
+    body_wanted = False
+    for message in (REQUEST, body, RESPONSE):
+        answers = await session.handle(message)
+        last = answers[-1]
+        if last.WhichOneof("response") == "immediate_response":
+            break
+        mode = last.mode_override
+        body_wanted = last.HasField("mode_override") and mode.response_body_mode != mode.NONE
+    else:
+        if body_wanted:
+            await session.handle(RESPONSE_BODY)
+    await session.close()
+
+
+async def measure(
+    config: dict[str, Any], questions: Callable[[int], str], requests: int, repeat: int
+) -> float:
+    """CPU µs per request, the best of `repeat` runs (it filters out time lent elsewhere)."""
+    pipeline = build_pipeline(Config.model_validate(config), Metrics())
+    pipeline.start()
+    try:
+        for i in range(200):  # warm up: imports, caches, the first store entry
+            await one_request(Session(pipeline), body_message("request_body", chat(questions(i))))
+        best = float("inf")
+        for r in range(repeat):
+            first = r * requests + 1000
+            bodies = [body_message("request_body", chat(questions(first + i))) for i in range(requests)]
+            started = time.process_time()
+            for b in bodies:
+                await one_request(Session(pipeline), b)
+            best = min(best, (time.process_time() - started) / requests * 1e6)
+        return best
+    finally:
+        await pipeline.aclose()
+
+
+VARIANTS: list[tuple[str, dict[str, Any], Callable[[int], str]]] = [
+    ("identity, validation, routing", ONLY_VALIDATE_AND_ROUTE, lambda i: f"question {i}"),
+    ("every stage, cache misses, semantic off", SEMANTIC_OFF, lambda i: f"question {i}"),
+    ("every stage, cache hits", SEMANTIC_OFF, lambda i: "What is 2+2?"),
+]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--requests", type=int, default=400)
+    parser.add_argument("--repeat", type=int, default=12)
+    parser.add_argument("--only", default="", help="run only variants whose name contains this")
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args(argv)
+    # The access log on, as in production, written where bench_gate writes it (a file).
+    logging.basicConfig(
+        level=logging.INFO, filename=os.devnull, format="%(asctime)s gate[0] %(levelname)s %(message)s"
+    )
+    import uvloop
+
+    rows = []
+    for name, config, questions in VARIANTS:
+        if args.only in name:
+            us = uvloop.run(measure(config, questions, args.requests, args.repeat))
+            print(f"{name:45s} {us:7.1f} µs CPU per request", flush=True)
+            rows.append(f"| {name} | {us:.0f} |")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(
+        f"# The gate's own work per request ({time.strftime('%Y-%m-%d')})\n\n"
+        f"`python -m load.bench_hop --requests {args.requests} --repeat {args.repeat}`: a Session fed "
+        "Envoy's messages in process (no gRPC, Envoy or wrk), access log on, in-process stores; "
+        f"the best of {args.repeat} runs.\n\n| path | CPU µs per request |\n|---|---:|\n"
+        + "\n".join(rows)
+        + "\n"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
