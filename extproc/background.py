@@ -8,7 +8,8 @@ GIL while the scheduler runs others keeps every coroutine waiting. A child proce
 GIL; at nice 19 it gets the cores the rest leave idle, so only the big prompt itself waits.
 
 One child per gate process, started with the first call (spawn: the gate's gRPC threads must
-not be forked), restarted after a crash; a call it cannot run runs in a thread instead.
+not be forked), restarted after a crash; a call it cannot run runs in a thread instead (as
+the whole process does where no child can start).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ class Background:
     def __init__(self, nice: int = NICE) -> None:
         self.nice = nice
         self._pool: ProcessPoolExecutor | None = None
+        self._unavailable = False  # the child cannot start here: threads from now on
 
     def _executor(self) -> ProcessPoolExecutor:
         if self._pool is None:
@@ -52,14 +54,22 @@ class Background:
         return self._pool
 
     async def run(self, fn: Callable[..., T], *args: object) -> T:
-        """`fn(*args)` in the child (both must pickle); in a thread if the child fails to run it."""
-        loop = asyncio.get_running_loop()
-        try:
-            return await loop.run_in_executor(self._executor(), fn, *args)
-        except (BrokenProcessPool, OSError) as exc:
-            log.warning("background process unavailable (%s); running in a thread", exc)
-            self.close()  # the next call starts a fresh child
-            return await asyncio.to_thread(fn, *args)
+        """`fn(*args)` in the child (both must pickle); in a thread where no child can run it.
+        What `fn` raises is raised here."""
+        if not self._unavailable:
+            try:
+                future = self._executor().submit(fn, *args)
+            except Exception as exc:  # e.g. spawn refused in a __main__ without its guard
+                log.warning("no background process (%s); big prompts are counted in a thread", exc)
+                self._unavailable = True
+                self.close()
+            else:
+                try:
+                    return await asyncio.wrap_future(future)
+                except BrokenProcessPool as exc:
+                    log.warning("background process lost (%s); this prompt in a thread", exc)
+                    self.close()  # the next call starts a fresh child
+        return await asyncio.to_thread(fn, *args)
 
     def close(self) -> None:
         if self._pool is not None:
