@@ -7,7 +7,7 @@ ratio within one run: against the no-op ext_proc, against the raw embedder's bat
 throughput (measured in the same run, same threads), against the same load without big
 prompts, and at one connection the milliseconds the gate adds to the no-op hop.
 
-    python -m load.bench_gate [--duration 10] [--connections 16] [--only semantic]
+    python -m load.bench_gate [--duration 10] [--connections 16] [--only semantic] [--rounds 3]
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import argparse
 import os
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -81,7 +82,7 @@ class Variant:
     config: dict[str, Any] = field(default_factory=dict)
     unique: bool = True  # a new question per request
     connections: int | None = None  # None: --connections
-    big: bool = False  # a second wrk sends ~512 KB prompts on 2 connections meanwhile
+    big: bool = False  # rounds of small requests alone, then with ~512 KB prompts on 2 more connections
     embedder: str | None = None  # compare with this embedder's raw batched throughput
     group: str = "overhead"
 
@@ -105,7 +106,6 @@ VARIANTS = [
         embedder="minilm",
         group="semantic",
     ),
-    Variant("small requests alone", config=BIG_OK, group="big"),
     Variant("small requests, 512 KB prompts in the mix", config=BIG_OK, big=True, group="big"),
     Variant(
         "small requests, 512 KB prompts over the limit (422)", config=SEMANTIC_OFF, big=True, group="big"
@@ -257,30 +257,17 @@ def run_variant(variant: Variant, work: Path, args: argparse.Namespace) -> dict[
         connections = variant.connections or args.connections
         wrk = ["wrk", "-t1", f"-c{connections}", "-s", str(script), "--latency"]
         subprocess.run([*wrk, "-d2s", url], capture_output=True, check=True)  # warm-up
-        big: subprocess.Popen[str] | None = None
         if variant.big:
-            big_script = work / "big.lua"
-            big_script.write_text(WRK_SCRIPT % BIG_PROMPT)
-            big_cmd = ["wrk", "-t1", "-c2", "-s", str(big_script), "--latency", f"-d{args.duration}s", url]
-            big = subprocess.Popen(big_cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+            return big_rounds(wrk, url, proc, work, args)
         cpu_before = group_cpu_seconds(proc.pid) if proc else 0.0
         before = embedding_counts(metrics_ports) if variant.embedder else {}
-        out = subprocess.run([*wrk, f"-d{args.duration}s", url], capture_output=True, text=True, check=True)
-        result = parse_wrk(out.stdout)
+        result = small_load(wrk, url, args.duration)
         cpu = (group_cpu_seconds(proc.pid) - cpu_before) if proc else 0.0
         result["cpu_ms_per_req"] = 1000 * cpu / max(result["requests"], 1)
         if variant.embedder:
             after = embedding_counts(metrics_ports)
             result["embedded_per_s"] = (after["embedded"] - before["embedded"]) / args.duration
             result["embed_shed"] = after["shed"] - before["shed"]
-        if big is not None:
-            big_out, _ = big.communicate(timeout=args.duration + 30)
-            b = parse_wrk(big_out)
-            result["big_requests"], result["big_p50"], result["big_errors"] = (
-                b["requests"],
-                b["p50"],
-                b["errors"],
-            )
         return result
     finally:
         for p in procs:
@@ -289,6 +276,46 @@ def run_variant(variant: Variant, work: Path, args: argparse.Namespace) -> dict[
                 p.wait(10)
             except (ProcessLookupError, subprocess.TimeoutExpired):
                 pass
+
+
+def small_load(wrk: list[str], url: str, duration: int) -> dict[str, float]:
+    out = subprocess.run([*wrk, f"-d{duration}s", url], capture_output=True, text=True, check=True)
+    return parse_wrk(out.stdout)
+
+
+def big_rounds(
+    wrk: list[str], url: str, proc: subprocess.Popen[bytes] | None, work: Path, args: argparse.Namespace
+) -> dict[str, float]:
+    """`--rounds` pairs on one stack: small requests alone, then the same with ~512 KB prompts
+    on 2 more connections. Alternating keeps the machine's other load (it is shared) out of the
+    ratio as far as can be: each pair's two windows are seconds apart. The figures are the
+    medians over the rounds; each round's ratio is kept too."""
+    big_script = work / "big.lua"
+    big_script.write_text(WRK_SCRIPT % BIG_PROMPT)
+    big_cmd = ["wrk", "-t1", "-c2", "-s", str(big_script), "--latency", f"-d{args.duration}s", url]
+    alone: list[dict[str, float]] = []
+    mixed: list[dict[str, float]] = []
+    cpu = {"alone": 0.0, "mixed": 0.0}
+    for _ in range(args.rounds):
+        cpu_before = group_cpu_seconds(proc.pid) if proc else 0.0
+        alone.append(small_load(wrk, url, args.duration))
+        cpu_between = group_cpu_seconds(proc.pid) if proc else 0.0
+        big = subprocess.Popen(big_cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        r = small_load(wrk, url, args.duration)
+        cpu["alone"] += cpu_between - cpu_before
+        cpu["mixed"] += (group_cpu_seconds(proc.pid) if proc else 0.0) - cpu_between
+        big_out, _ = big.communicate(timeout=args.duration + 30)
+        b = parse_wrk(big_out)
+        r["big_requests"], r["big_p50"], r["big_errors"] = b["requests"], b["p50"], b["errors"]
+        mixed.append(r)
+    result = {k: statistics.median(r[k] for r in mixed) for k in mixed[0]}
+    result["cpu_ms_per_req"] = 1000 * cpu["mixed"] / max(sum(r["requests"] for r in mixed), 1)
+    for k in ("rps", "p50", "p99", "requests", "errors"):
+        result[f"alone_{k}"] = statistics.median(r[k] for r in alone)
+    result["alone_cpu_ms_per_req"] = 1000 * cpu["alone"] / max(sum(r["requests"] for r in alone), 1)
+    for i, (a, m) in enumerate(zip(alone, mixed, strict=True)):
+        result[f"round{i}_ratio"] = m["p99"] / a["p99"]
+    return result
 
 
 def raw_embedder_rate(name: str, seconds: float, processes: int = 1) -> float:
@@ -337,6 +364,13 @@ def report(
     for v, r in rows:
         if v.group == "c1":
             continue
+        if v.big:
+            vs = f"{r['alone_rps'] / noop['rps']:.2f}" if noop else "-"
+            lines.append(
+                f"| {v.name.split(',')[0]} (rounds between) | {v.connections or args.connections} | "
+                f"{r['alone_rps']:.0f} | {vs} | {r['alone_p50']:.2f} | {r['alone_p99']:.2f} | "
+                f"{r['alone_cpu_ms_per_req']:.3f} | {r['alone_errors']:.0f} |"
+            )
         vs = f"{r['rps'] / noop['rps']:.2f}" if noop else "-"
         lines.append(
             f"| {v.name} | {v.connections or args.connections} | {r['rps']:.0f} | {vs} | {r['p50']:.2f} | "
@@ -369,17 +403,18 @@ def report(
                 f"{two['rps'] / one['rps']:.2f}x req/s, "
                 f"{two.get('embedded_per_s', 0) / one['embedded_per_s']:.2f}x texts embedded",
             ]
-    alone = by_name.get("small requests alone")
-    for v, mixed in rows:
-        if not v.big or alone is None:
+    for v, r in rows:
+        if not v.big:
             continue
+        rounds = ", ".join(f"{r[k]:.2f}x" for k in sorted(r) if k.startswith("round"))
         lines += [
             "",
-            f"{v.name}: small-request p99 {mixed['p99']:.2f} ms with ~512 KB prompts on 2 more connections "
-            f"({mixed.get('big_requests', 0):.0f} of them, p50 {mixed.get('big_p50', 0):.0f} ms, "
-            f"non-2xx {mixed.get('big_errors', 0):.0f}) vs {alone['p99']:.2f} ms without: "
-            f"{mixed['p99'] / alone['p99']:.2f}x (p50 {mixed['p50'] / alone['p50']:.2f}x, "
-            f"req/s {mixed['rps'] / alone['rps']:.2f}x).",
+            f"{v.name}: small-request p99 {r['p99']:.2f} ms with ~512 KB prompts on 2 more connections "
+            f"({r['big_requests']:.0f} of them per round, p50 {r['big_p50']:.0f} ms, "
+            f"non-2xx {r['big_errors']:.0f}) vs {r['alone_p99']:.2f} ms without: "
+            f"{r['p99'] / r['alone_p99']:.2f}x (p50 {r['p50'] / r['alone_p50']:.2f}x, "
+            f"req/s {r['rps'] / r['alone_rps']:.2f}x); medians of {args.rounds} rounds, each round's "
+            f"p99 ratio: {rounds}.",
         ]
     c1 = [(v, r) for v, r in rows if v.group == "c1"]
     if c1:
@@ -398,6 +433,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--duration", type=int, default=10)
     parser.add_argument("--connections", type=int, default=16)
+    parser.add_argument(
+        "--rounds", type=int, default=3, help="alone / with big prompts pairs of the 'big' variants"
+    )
     parser.add_argument(
         "--only",
         action="append",
