@@ -293,6 +293,8 @@ def big_rounds(
     big_script = work / "big.lua"
     big_script.write_text(WRK_SCRIPT % BIG_PROMPT)
     big_cmd = ["wrk", "-t1", "-c2", "-s", str(big_script), "--latency", f"-d{args.duration}s", url]
+    # warm-up: the gate's first big prompt starts its background process
+    subprocess.run(["wrk", "-t1", "-c1", "-s", str(big_script), "-d3s", url], capture_output=True, check=True)
     alone: list[dict[str, float]] = []
     mixed: list[dict[str, float]] = []
     cpu = {"alone": 0.0, "mixed": 0.0}
