@@ -5,7 +5,8 @@ CPU: in a thread at normal priority it takes its share of the cores from the eve
 Envoy and every small request; in a thread at low priority it stalls the event loop instead,
 because it must take the GIL back after each piece, and a low-priority thread that holds the
 GIL while the scheduler runs others keeps every coroutine waiting. A child process has its own
-GIL; at nice 19 it gets the cores the rest leave idle, so only the big prompt itself waits.
+GIL; at idle priority it gets the cores the rest leave idle, so only the big prompt itself
+waits.
 
 One child per gate process, started with the first call (spawn: the gate's gRPC threads must
 not be forked), restarted after a crash; a call it cannot run runs in a thread instead (as
@@ -31,7 +32,11 @@ NICE = 19
 
 
 def _lower_priority(nice: int) -> None:
-    with contextlib.suppress(AttributeError, OSError):  # refused: the child keeps the gate's priority
+    """SCHED_IDLE where Linux allows it (below every nice level: a waking gate, Envoy or client
+    thread takes the core at once), and `nice` in any case. Refused: the gate's priority."""
+    with contextlib.suppress(AttributeError, OSError):
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+    with contextlib.suppress(AttributeError, OSError):
         os.nice(nice)
 
 

@@ -83,6 +83,7 @@ class Variant:
     unique: bool = True  # a new question per request
     connections: int | None = None  # None: --connections
     big: bool = False  # rounds of small requests alone, then with ~512 KB prompts on 2 more connections
+    big_prompts: bool = True  # False: the second window of each round is alone too (the noise floor)
     embedder: str | None = None  # compare with this embedder's raw batched throughput
     group: str = "overhead"
 
@@ -107,6 +108,13 @@ VARIANTS = [
         group="semantic",
     ),
     Variant("small requests, 512 KB prompts in the mix", config=BIG_OK, big=True, group="big"),
+    Variant(
+        "small requests, nothing in the mix (noise floor)",
+        config=BIG_OK,
+        big=True,
+        big_prompts=False,
+        group="big",
+    ),
     Variant(
         "small requests, 512 KB prompts over the limit (422)", config=SEMANTIC_OFF, big=True, group="big"
     ),
@@ -258,7 +266,7 @@ def run_variant(variant: Variant, work: Path, args: argparse.Namespace) -> dict[
         wrk = ["wrk", "-t1", f"-c{connections}", "-s", str(script), "--latency"]
         subprocess.run([*wrk, "-d2s", url], capture_output=True, check=True)  # warm-up
         if variant.big:
-            return big_rounds(wrk, url, proc, work, args)
+            return big_rounds(wrk, url, proc, work, args, variant.big_prompts)
         cpu_before = group_cpu_seconds(proc.pid) if proc else 0.0
         before = embedding_counts(metrics_ports) if variant.embedder else {}
         result = small_load(wrk, url, args.duration)
@@ -284,15 +292,23 @@ def small_load(wrk: list[str], url: str, duration: int) -> dict[str, float]:
 
 
 def big_rounds(
-    wrk: list[str], url: str, proc: subprocess.Popen[bytes] | None, work: Path, args: argparse.Namespace
+    wrk: list[str],
+    url: str,
+    proc: subprocess.Popen[bytes] | None,
+    work: Path,
+    args: argparse.Namespace,
+    big_prompts: bool = True,
 ) -> dict[str, float]:
     """`--rounds` pairs on one stack: small requests alone, then the same with ~512 KB prompts
     on 2 more connections. Alternating keeps the machine's other load (it is shared) out of the
     ratio as far as can be: each pair's two windows are seconds apart. The figures are the
-    medians over the rounds; each round's ratio is kept too."""
+    medians over the rounds; each round's ratio is kept too. Without `big_prompts` the second
+    window has nothing more either: how far the ratio moves on this machine with no cause."""
     big_script = work / "big.lua"
     big_script.write_text(WRK_SCRIPT % BIG_PROMPT)
     big_cmd = ["wrk", "-t1", "-c2", "-s", str(big_script), "--latency", f"-d{args.duration}s", url]
+    if not big_prompts:  # the same rounds, with an idle second client
+        big_cmd = ["sh", "-c", "sleep 1; echo"]
     # warm-up: the gate's first big prompt starts its background process
     subprocess.run(["wrk", "-t1", "-c1", "-s", str(big_script), "-d3s", url], capture_output=True, check=True)
     alone: list[dict[str, float]] = []
@@ -307,7 +323,7 @@ def big_rounds(
         cpu["alone"] += cpu_between - cpu_before
         cpu["mixed"] += (group_cpu_seconds(proc.pid) if proc else 0.0) - cpu_between
         big_out, _ = big.communicate(timeout=args.duration + 30)
-        b = parse_wrk(big_out)
+        b = parse_wrk(big_out) if big_prompts else {"requests": 0, "p50": 0, "errors": 0}
         r["big_requests"], r["big_p50"], r["big_errors"] = b["requests"], b["p50"], b["errors"]
         mixed.append(r)
     result = {k: statistics.median(r[k] for r in mixed) for k in mixed[0]}
@@ -409,11 +425,15 @@ def report(
         if not v.big:
             continue
         rounds = ", ".join(f"{r[k]:.2f}x" for k in sorted(r) if k.startswith("round"))
+        mix = (
+            f"~512 KB prompts on 2 more connections ({r['big_requests']:.0f} of them per round, "
+            f"p50 {r['big_p50']:.0f} ms, non-2xx {r['big_errors']:.0f})"
+            if v.big_prompts
+            else "nothing more (a second window alone)"
+        )
         lines += [
             "",
-            f"{v.name}: small-request p99 {r['p99']:.2f} ms with ~512 KB prompts on 2 more connections "
-            f"({r['big_requests']:.0f} of them per round, p50 {r['big_p50']:.0f} ms, "
-            f"non-2xx {r['big_errors']:.0f}) vs {r['alone_p99']:.2f} ms without: "
+            f"{v.name}: small-request p99 {r['p99']:.2f} ms with {mix} vs {r['alone_p99']:.2f} ms without: "
             f"{r['p99'] / r['alone_p99']:.2f}x (p50 {r['p50'] / r['alone_p50']:.2f}x, "
             f"req/s {r['rps'] / r['alone_rps']:.2f}x); medians of {args.rounds} rounds, each round's "
             f"p99 ratio: {rounds}.",

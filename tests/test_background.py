@@ -64,3 +64,15 @@ async def test_what_the_work_raises_is_raised_to_the_caller() -> None:
         assert await background.run(os.getpid) != os.getpid()  # the child is still there
     finally:
         background.close()
+
+
+def policy() -> int:
+    return os.sched_getscheduler(0)
+
+
+async def test_the_child_is_scheduled_only_when_a_core_is_idle_where_linux_allows() -> None:
+    background = Background()
+    try:
+        assert await background.run(policy) == os.SCHED_IDLE
+    finally:
+        background.close()
