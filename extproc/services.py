@@ -94,6 +94,7 @@ class Services:
             ("matchers", self.matchers.aclose),
             ("store", self.store.aclose),
             ("tracing", _async(self.tracing.aclose)),
+            ("tokens", _async(self.tokens.close)),
         ):
             try:
                 await close()

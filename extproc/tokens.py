@@ -7,18 +7,21 @@ shipped inside this package as `extproc/data/minilm-tokenizer.json`; operators p
 Big prompts must not stall the other streams of a worker: text is counted in slices cut at
 whitespace (the tokenizer's pre-tokenizer splits there anyway, so the sum is the whole
 count), counting stops once a limit is passed (the rest is extrapolated from the characters
-per token seen so far: an "about" figure, always above the limit), and ``measure`` runs the
-counting of prompts above ``offload_chars`` in a thread (the tokenizer releases the GIL).
+per token seen so far: an "about" figure, always above the limit), and ``measure`` counts
+prompts above ``offload_chars`` in the low-priority child process of `background.py`, with the
+same tokenizer file and the same code, so the count is the one ``count`` gives here.
 """
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Iterator
+from functools import lru_cache
 from importlib import resources
 from pathlib import Path
 
 from tokenizers import Tokenizer
+
+from .background import Background
 
 # Chat templates add a few tokens per message (role markers, separators).
 PER_MESSAGE_OVERHEAD = 4
@@ -53,6 +56,7 @@ class TokenCounter:
         self._tok.no_padding()
         self.slice_chars = slice_chars
         self.offload_chars = offload_chars
+        self.background = Background()
 
     def count(self, texts: list[str], limit: int | None = None) -> int:
         """Tokens in `texts` plus the per-message template overhead.
@@ -80,7 +84,20 @@ class TokenCounter:
         return total
 
     async def measure(self, texts: list[str], limit: int | None = None) -> int:
-        """`count`, in a worker thread when the prompt is big enough to hold the event loop."""
+        """`count`, in the background process when the prompt is big enough to hold the event loop."""
         if sum(len(t) for t in texts) <= self.offload_chars:
             return self.count(texts, limit)
-        return await asyncio.to_thread(self.count, texts, limit)
+        return await self.background.run(count_with, str(self.path), self.slice_chars, texts, limit)
+
+    def close(self) -> None:
+        self.background.close()
+
+
+@lru_cache(maxsize=4)  # in the background process: one tokenizer per file, loaded once
+def _counter(path: str, slice_chars: int) -> TokenCounter:
+    return TokenCounter(Path(path), slice_chars=slice_chars)
+
+
+def count_with(path: str, slice_chars: int, texts: list[str], limit: int | None) -> int:
+    """`TokenCounter.count` with the tokenizer at `path`: what the background process runs."""
+    return _counter(path, slice_chars).count(texts, limit)

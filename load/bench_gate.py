@@ -7,7 +7,7 @@ ratio within one run: against the no-op ext_proc, against the raw embedder's bat
 throughput (measured in the same run, same threads), against the same load without big
 prompts, and at one connection the milliseconds the gate adds to the no-op hop.
 
-    python -m load.bench_gate [--duration 10] [--connections 16] [--only semantic]
+    python -m load.bench_gate [--duration 10] [--connections 16] [--only semantic] [--rounds 3]
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import argparse
 import os
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -83,7 +84,8 @@ class Variant:
     config: dict[str, Any] = field(default_factory=dict)
     unique: bool = True  # a new question per request
     connections: int | None = None  # None: --connections
-    big: bool = False  # a second wrk sends ~512 KB prompts on 2 connections meanwhile
+    big: bool = False  # rounds of small requests alone, then with ~512 KB prompts on 2 more connections
+    big_prompts: bool = True  # False: the second window of each round is alone too (the noise floor)
     embedder: str | None = None  # compare with this embedder's raw batched throughput
     group: str = "overhead"
 
@@ -107,8 +109,14 @@ VARIANTS = [
         embedder="minilm",
         group="semantic",
     ),
-    Variant("small requests alone", config=BIG_OK, group="big"),
     Variant("small requests, 512 KB prompts in the mix", config=BIG_OK, big=True, group="big"),
+    Variant(
+        "small requests, nothing in the mix (noise floor)",
+        config=BIG_OK,
+        big=True,
+        big_prompts=False,
+        group="big",
+    ),
     Variant(
         "small requests, 512 KB prompts over the limit (422)", config=SEMANTIC_OFF, big=True, group="big"
     ),
@@ -259,33 +267,20 @@ def run_variant(variant: Variant, work: Path, args: argparse.Namespace) -> dict[
         connections = variant.connections or args.connections
         wrk = ["wrk", "-t1", f"-c{connections}", "-s", str(script), "--latency"]
         subprocess.run([*wrk, "-d2s", url], capture_output=True, check=True)  # warm-up
-        big: subprocess.Popen[str] | None = None
         if variant.big:
-            big_script = work / "big.lua"
-            big_script.write_text(WRK_SCRIPT % BIG_PROMPT)
-            big_cmd = ["wrk", "-t1", "-c2", "-s", str(big_script), "--latency", f"-d{args.duration}s", url]
-            big = subprocess.Popen(big_cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+            return big_rounds(wrk, url, proc, work, args, variant.big_prompts)
         cpu_before = group_cpu_seconds(proc.pid) if proc else 0.0
         before = embedding_counts(metrics_ports) if variant.embedder else {}
         spy = profile(proc, variant, args) if proc and args.profile else None
-        out = subprocess.run([*wrk, f"-d{args.duration}s", url], capture_output=True, text=True, check=True)
+        result = small_load(wrk, url, args.duration)
         if spy is not None:
             spy.wait(30)
-        result = parse_wrk(out.stdout)
         cpu = (group_cpu_seconds(proc.pid) - cpu_before) if proc else 0.0
         result["cpu_ms_per_req"] = 1000 * cpu / max(result["requests"], 1)
         if variant.embedder:
             after = embedding_counts(metrics_ports)
             result["embedded_per_s"] = (after["embedded"] - before["embedded"]) / args.duration
             result["embed_shed"] = after["shed"] - before["shed"]
-        if big is not None:
-            big_out, _ = big.communicate(timeout=args.duration + 30)
-            b = parse_wrk(big_out)
-            result["big_requests"], result["big_p50"], result["big_errors"] = (
-                b["requests"],
-                b["p50"],
-                b["errors"],
-            )
         return result
     finally:
         for p in procs:
@@ -312,6 +307,56 @@ def profile(
     cmd = [spy, "record", "--format", "raw", "--rate", "250", "--subprocesses", "--nonblocking",
            "--duration", str(args.duration), "--pid", str(proc.pid), "--output", str(out)]
     return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def small_load(wrk: list[str], url: str, duration: int) -> dict[str, float]:
+    out = subprocess.run([*wrk, f"-d{duration}s", url], capture_output=True, text=True, check=True)
+    return parse_wrk(out.stdout)
+
+
+def big_rounds(
+    wrk: list[str],
+    url: str,
+    proc: subprocess.Popen[bytes] | None,
+    work: Path,
+    args: argparse.Namespace,
+    big_prompts: bool = True,
+) -> dict[str, float]:
+    """`--rounds` pairs on one stack: small requests alone, then the same with ~512 KB prompts
+    on 2 more connections. Alternating keeps the machine's other load (it is shared) out of the
+    ratio as far as can be: each pair's two windows are seconds apart. The figures are the
+    medians over the rounds; each round's ratio is kept too. Without `big_prompts` the second
+    window has nothing more either: how far the ratio moves on this machine with no cause."""
+    big_script = work / "big.lua"
+    big_script.write_text(WRK_SCRIPT % BIG_PROMPT)
+    big_cmd = ["wrk", "-t1", "-c2", "-s", str(big_script), "--latency", f"-d{args.duration}s", url]
+    if not big_prompts:  # the same rounds, with an idle second client
+        big_cmd = ["sh", "-c", "sleep 1; echo"]
+    # warm-up: the gate's first big prompt starts its background process
+    subprocess.run(["wrk", "-t1", "-c1", "-s", str(big_script), "-d3s", url], capture_output=True, check=True)
+    alone: list[dict[str, float]] = []
+    mixed: list[dict[str, float]] = []
+    cpu = {"alone": 0.0, "mixed": 0.0}
+    for _ in range(args.rounds):
+        cpu_before = group_cpu_seconds(proc.pid) if proc else 0.0
+        alone.append(small_load(wrk, url, args.duration))
+        cpu_between = group_cpu_seconds(proc.pid) if proc else 0.0
+        big = subprocess.Popen(big_cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        r = small_load(wrk, url, args.duration)
+        cpu["alone"] += cpu_between - cpu_before
+        cpu["mixed"] += (group_cpu_seconds(proc.pid) if proc else 0.0) - cpu_between
+        big_out, _ = big.communicate(timeout=args.duration + 30)
+        b = parse_wrk(big_out) if big_prompts else {"requests": 0, "p50": 0, "errors": 0}
+        r["big_requests"], r["big_p50"], r["big_errors"] = b["requests"], b["p50"], b["errors"]
+        mixed.append(r)
+    result = {k: statistics.median(r[k] for r in mixed) for k in mixed[0]}
+    result["cpu_ms_per_req"] = 1000 * cpu["mixed"] / max(sum(r["requests"] for r in mixed), 1)
+    for k in ("rps", "p50", "p99", "requests", "errors"):
+        result[f"alone_{k}"] = statistics.median(r[k] for r in alone)
+    result["alone_cpu_ms_per_req"] = 1000 * cpu["alone"] / max(sum(r["requests"] for r in alone), 1)
+    for i, (a, m) in enumerate(zip(alone, mixed, strict=True)):
+        result[f"round{i}_ratio"] = m["p99"] / a["p99"]
+    return result
 
 
 def raw_embedder_rate(name: str, seconds: float, processes: int = 1) -> float:
@@ -360,6 +405,13 @@ def report(
     for v, r in rows:
         if v.group == "c1":
             continue
+        if v.big:
+            vs = f"{r['alone_rps'] / noop['rps']:.2f}" if noop else "-"
+            lines.append(
+                f"| {v.name.split(',')[0]} (rounds between) | {v.connections or args.connections} | "
+                f"{r['alone_rps']:.0f} | {vs} | {r['alone_p50']:.2f} | {r['alone_p99']:.2f} | "
+                f"{r['alone_cpu_ms_per_req']:.3f} | {r['alone_errors']:.0f} |"
+            )
         vs = f"{r['rps'] / noop['rps']:.2f}" if noop else "-"
         lines.append(
             f"| {v.name} | {v.connections or args.connections} | {r['rps']:.0f} | {vs} | {r['p50']:.2f} | "
@@ -392,17 +444,22 @@ def report(
                 f"{two['rps'] / one['rps']:.2f}x req/s, "
                 f"{two.get('embedded_per_s', 0) / one['embedded_per_s']:.2f}x texts embedded",
             ]
-    alone = by_name.get("small requests alone")
-    for v, mixed in rows:
-        if not v.big or alone is None:
+    for v, r in rows:
+        if not v.big:
             continue
+        rounds = ", ".join(f"{r[k]:.2f}x" for k in sorted(r) if k.startswith("round"))
+        mix = (
+            f"~512 KB prompts on 2 more connections ({r['big_requests']:.0f} of them per round, "
+            f"p50 {r['big_p50']:.0f} ms, non-2xx {r['big_errors']:.0f})"
+            if v.big_prompts
+            else "nothing more (a second window alone)"
+        )
         lines += [
             "",
-            f"{v.name}: small-request p99 {mixed['p99']:.2f} ms with ~512 KB prompts on 2 more connections "
-            f"({mixed.get('big_requests', 0):.0f} of them, p50 {mixed.get('big_p50', 0):.0f} ms, "
-            f"non-2xx {mixed.get('big_errors', 0):.0f}) vs {alone['p99']:.2f} ms without: "
-            f"{mixed['p99'] / alone['p99']:.2f}x (p50 {mixed['p50'] / alone['p50']:.2f}x, "
-            f"req/s {mixed['rps'] / alone['rps']:.2f}x).",
+            f"{v.name}: small-request p99 {r['p99']:.2f} ms with {mix} vs {r['alone_p99']:.2f} ms without: "
+            f"{r['p99'] / r['alone_p99']:.2f}x (p50 {r['p50'] / r['alone_p50']:.2f}x, "
+            f"req/s {r['rps'] / r['alone_rps']:.2f}x); medians of {args.rounds} rounds, each round's "
+            f"p99 ratio: {rounds}.",
         ]
     c1 = [(v, r) for v, r in rows if v.group == "c1"]
     if c1:
@@ -421,6 +478,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--duration", type=int, default=10)
     parser.add_argument("--connections", type=int, default=16)
+    parser.add_argument(
+        "--rounds", type=int, default=3, help="alone / with big prompts pairs of the 'big' variants"
+    )
     parser.add_argument(
         "--only",
         action="append",

@@ -19,6 +19,7 @@ from typing import Any
 import orjson
 
 from ..request import split_last
+from ..textform import collapse_spaces
 
 # Framing-only fields: they change how the answer is delivered, never what it says.
 FRAMING_FIELDS = frozenset({"stream", "stream_options", "user", "metadata", "store"})
@@ -31,12 +32,12 @@ CANON_MAX_CHARS = 16_384
 def normalise(text: str) -> str:
     """NFKC, case-folded, whitespace collapsed: the exact-key form of a message.
 
-    Linear and in C: ASCII text is already NFKC, and `str.split` knows the same whitespace
-    as the regular expression `\\s`.
+    Linear and in C, with no object per word: ASCII text is already NFKC, and
+    `collapse_spaces` knows the same whitespace as the regular expression `\\s`.
     """
     if not text.isascii():
         text = unicodedata.normalize("NFKC", text)
-    return " ".join(text.casefold().split())
+    return collapse_spaces(text.casefold())
 
 
 def digest(*parts: bytes) -> str:

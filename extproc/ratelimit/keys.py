@@ -14,6 +14,7 @@ import orjson
 from ..config import RateLimit
 from ..exchange import Exchange
 from ..request import prompt_texts
+from ..textform import collapse_spaces
 from .check import BucketSpec, Check, RepeatSpec
 from .gcra import US
 from .store import BLOCK
@@ -33,7 +34,7 @@ def client_ip(headers: dict[str, str], trusted_hops: int) -> str | None:
 
 
 def normalise(text: str) -> str:
-    return " ".join(text.casefold().split())
+    return collapse_spaces(text.casefold())
 
 
 def prompt_fingerprint(payload: dict[str, Any]) -> str | None:

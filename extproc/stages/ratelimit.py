@@ -77,7 +77,9 @@ class RateLimit(Stage):
         if not self.config.enabled or ex.payload is None:
             return None
         ip = client_ip(ex.headers, self.config.trusted_hops)
-        check = plan(self.config, ex, ip, prompt_fingerprint(ex.payload))
+        # the fingerprint is a pass over the whole prompt: only when the repeat block needs it
+        fingerprint = prompt_fingerprint(ex.payload) if self.config.repeat.enabled else None
+        check = plan(self.config, ex, ip, fingerprint)
         if not check.buckets and check.repeat is None:
             return None
         verdict = await self.guard.run(self.store.check(check), None, "ratelimit")
