@@ -199,6 +199,30 @@ class Metrics:
             ["reason"],
             registry=r,
         )
+        self.selfcheck_candidates = Counter(
+            "gate_cache_selfcheck_candidates",
+            "Semantic candidates by language, verifier-score bin and action (serve, check).",
+            ["language", "bin", "action"],
+            registry=r,
+        )
+        self.selfcheck_checks = Counter(
+            "gate_cache_selfcheck_checks",
+            "Checked candidates by language, bin and outcome (agreed, differed with the fresh answer).",
+            ["language", "bin", "outcome"],
+            registry=r,
+        )
+        self.selfcheck_lower = Gauge(
+            "gate_cache_selfcheck_lower_bound",
+            "95% Wilson lower bound of each bin's checked precision, as this process last read it.",
+            ["tenant", "language", "bin"],
+            registry=r,
+        )
+        self.selfcheck_serving = Gauge(
+            "gate_cache_selfcheck_serving",
+            "1 while a bin serves semantic hits (its lower bound at or above the target), 0 while it learns.",
+            ["tenant", "language", "bin"],
+            registry=r,
+        )
         self.embed_batch_size = Histogram(
             "gate_embed_batch_size",
             "Texts per embedding batch (micro-batched across streams).",

@@ -24,6 +24,7 @@ from ..cache.keys import exact_key, normalise, question
 from ..cache.lease import Leases
 from ..cache.replay import replay
 from ..cache.rules import access
+from ..cache.selfcheck import CHECK_HEADER_VALUE, Check, SelfCheck
 from ..cache.setup import Matchers
 from ..cache.store import Put, Store
 from ..config import Cache as CacheConfig
@@ -46,6 +47,7 @@ MATCH_HEADER = "x-gate-cache-match"
 KEY_HEADER = "x-gate-cache-key"
 RETRY_COUNT_HEADER = "x-stainless-retry-count"  # OpenAI's SDKs: 0 on the first attempt
 ABANDONED_TTL_MS = 60_000
+CHECK = "cache.check"  # ex.state: the self-check this request carries upstream
 T = TypeVar("T")
 
 
@@ -56,7 +58,7 @@ class Cache(Stage):
         self, config: CacheConfig, store: Store, leases: Leases, guard: StoreGuard, metrics: Metrics,
         matchers: Matchers, *, canon: Callable[[str], str] = normalise,
         clock: Callable[[], float] = time.monotonic, may_wait_s: Callable[[Exchange], float] | None = None,
-        op_timeout_s: float | None = None, count: Count | None = None,
+        op_timeout_s: float | None = None, count: Count | None = None, selfcheck: SelfCheck | None = None,
     ) -> None:
         self.config = config
         self.store = store
@@ -71,6 +73,7 @@ class Cache(Stage):
         self.op_timeout_s = op_timeout_s
         self.count = count  # the gate's tokenizer, for the usage of answers that came without one
         self.embed_timeout_s = config.semantic.embed_timeout_ms / 1000
+        self.selfcheck = selfcheck  # semantic candidates served only from bins that checks proved
 
     @classmethod
     def build(cls, config: Config, services: Services) -> Cache:
@@ -81,7 +84,8 @@ class Cache(Stage):
 
         budget = c.op_timeout_ms / 1000 if c.op_timeout_ms is not None else None
         return cls(c, services.answers, services.leases, services.store, services.metrics, services.matchers,
-                   canon=canonical, may_wait_s=may_wait_s, op_timeout_s=budget, count=services.tokens.count)
+                   canon=canonical, may_wait_s=may_wait_s, op_timeout_s=budget, count=services.tokens.count,
+                   selfcheck=services.selfcheck)
 
     async def _timed(self, f: Flight, call: Coroutine[Any, Any, T], op: str) -> T | None:
         result = await self.guard.run(call, None, f"cache_{op}", self.op_timeout_s)
@@ -115,7 +119,8 @@ class Cache(Stage):
         reply = await self._semantic(ex, f)
         if reply is not None:
             return reply
-        self._outcome(ex, "skipped" if not f.store_ok else "miss")
+        checked = CHECK in ex.state
+        self._outcome(ex, "skipped" if not f.store_ok else CHECK_HEADER_VALUE if checked else "miss")
         return None
 
     async def _retry_in_vain(self, ex: Exchange, f: Flight) -> Reply | None:
@@ -197,6 +202,11 @@ class Cache(Stage):
             decision = m.same(text, entry.text, cosine)
             if not decision.same:
                 return None
+            if self.selfcheck is not None and decision.reason == "semantic":
+                check = await self.selfcheck.judge(ex.tenant, text, entry, decision.score, m)
+                if check is not None:  # upstream: served fresh, compared with `entry` once complete
+                    ex.state[CHECK] = check
+                    return None
             if f.access.store:
                 await self._alias(f, entry, key, cosine)
             kind = "near" if decision.reason == "near-exact" else "semantic"
@@ -265,6 +275,9 @@ class Cache(Stage):
             await self._finish(f, None, stored=False)
             return
         body, events = kept
+        check = ex.state.get(CHECK)
+        if isinstance(check, Check) and self.selfcheck is not None:
+            self.selfcheck.compare(check, capture.kind, body, events)
         entry = Entry(capture.kind, body, events, f.q.text or "", f.q.model, f.q.tenant, time.time())
         await self._put(f, entry, self.config.ttl_s, with_vector=True)
 
