@@ -22,7 +22,8 @@ EDGES = (0.6, 0.8, 0.9)
 
 @pytest.mark.parametrize(
     ("score", "name"),
-    [(0.59, None), (0.6, "0.60"), (0.79, "0.60"), (0.8, "0.80"), (0.899, "0.80"), (0.9, "0.90"), (1.0, "0.90")],
+    [(0.59, None), (0.6, "0.60"), (0.79, "0.60"), (0.8, "0.80"), (0.899, "0.80"), (0.9, "0.90"),
+     (1.0, "0.90")],
 )
 def test_a_score_falls_in_the_bin_of_the_highest_edge_it_reaches(score: float, name: str | None) -> None:
     assert bin_of(score, EDGES) == name
@@ -56,7 +57,9 @@ def test_a_bin_serves_only_on_enough_checks_with_its_lower_bound_at_the_target(
         ("serve", 1.0, 0.999, "check"),
     ],
 )
-def test_a_serving_bin_checks_its_share_of_candidates(v: str, share: float, draw: float, expected: str) -> None:
+def test_a_serving_bin_checks_its_share_of_candidates(
+    v: str, share: float, draw: float, expected: str
+) -> None:
     assert action(v, share, draw) == expected  # type: ignore[arg-type]
 
 
