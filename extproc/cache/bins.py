@@ -13,6 +13,7 @@ Redis keys (prefix `gate:sc:` by default), one hash per tenant and language, its
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -42,9 +43,10 @@ class BinStore(Protocol):
 
 
 class MemoryBins:
-    def __init__(self) -> None:
+    def __init__(self, remember: int = 10_000) -> None:
         self.bins: dict[tuple[str, str, str], Counts] = {}
-        self.tokens: set[str] = set()
+        self.tokens: OrderedDict[str, None] = OrderedDict()  # the last `remember` recorded checks
+        self.remember = remember
 
     async def counts(self, tenant: str, language: str, bin: str) -> Counts:
         return self.bins.get((tenant, language, bin), Counts())
@@ -53,7 +55,9 @@ class MemoryBins:
         key = (tenant, language, bin)
         c = self.bins.get(key, Counts())
         if token not in self.tokens:
-            self.tokens.add(token)
+            self.tokens[token] = None
+            if len(self.tokens) > self.remember:
+                self.tokens.popitem(last=False)
             c = Counts(c.checks + 1, c.agreed + int(agreed))
             self.bins[key] = c
         return c

@@ -80,7 +80,7 @@ async def _run(args: argparse.Namespace, config: Config) -> int:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="llm-gate dedup", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("action", choices=["status"])
+    p.add_argument("action", choices=["status"], help="status: print every bin")
     p.add_argument("--config", type=Path, help="the gate's YAML config (target, min_checks, Redis URL)")
     p.add_argument("--redis", help="Redis URL (default: the config's store.redis_url)")
     p.add_argument("--json", action="store_true", help="one JSON object per bin")
