@@ -207,7 +207,8 @@ class Cache(Stage):
                 if check is not None:  # upstream: served fresh, compared with `entry` once complete
                     ex.state[CHECK] = check
                     return None
-            if f.access.store:
+            # Under self-check a repeat asks its bin again: an alias would outlive a bin that stopped.
+            if f.access.store and self.selfcheck is None:
                 await self._alias(f, entry, key, cosine)
             kind = "near" if decision.reason == "near-exact" else "semantic"
             return self._hit(ex, f, raw, "hit", key, cosine, kind)

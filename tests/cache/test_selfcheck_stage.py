@@ -113,6 +113,8 @@ async def test_a_serving_bin_whose_check_finds_a_wrong_answer_stops_serving_at_o
     draws.value = 0.9  # a serving bin would serve now; this one learns again
     after = await send(stage, ask("refund", "white"), model)
     assert (after.cache, after.upstream) == ("check", True)
+    again = await send(stage, ask("shipping", "red"), model)  # the wrong answer is not repeated either
+    assert (again.cache, again.text()) == ("check", "All about the shipping policy.")
     assert stage.metrics.selfcheck_serving.labels("acme", "en", "0.80")._value.get() == 0
 
 
