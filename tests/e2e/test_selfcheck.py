@@ -88,43 +88,42 @@ def metric(stack: Stack, index: int, name: str, labels: str) -> float:
 def test_a_bin_learns_from_checks_both_gates_share_serves_then_stops_on_a_wrong_answer(stack: Stack) -> None:
     seeds = count()
     with httpx.Client(base_url=stack.url, timeout=30) as client:
-        # Learning: every candidate goes upstream; the client gets the fresh answer. Until both
-        # gates have done checks (an extra exact hit every other round shifts Envoy's round robin).
-        labels = 'bin="0.30",language="en",outcome="agreed"'
-        checks, per_gate = 0, [0.0, 0.0]
-        while checks < MIN_CHECKS or 0.0 in per_gate:
-            assert checks < 6, per_gate  # 6 of 6, then one wrong: lower bound 0.49, under the target
+        # Learning: every candidate goes upstream; the client gets the fresh answer.
+        for checks in range(1, MIN_CHECKS + 1):
             seed = next(seeds)
             first = ask(client, BASE, "pw", seed)
             assert first.headers["x-gate-cache"] == "miss"
-            if checks % 2:
-                assert ask(client, BASE, "pw", seed).headers["x-gate-cache"] == "hit"
-            para = SAME[checks % MIN_CHECKS]
-            r = ask(client, para, "pw", seed)
-            assert r.headers["x-gate-cache"] == "check", para
+            r = ask(client, SAME[checks - 1], "pw", seed)
+            assert r.headers["x-gate-cache"] == "check", SAME[checks - 1]
             assert answer(r) == answer(first)
-            checks += 1
             row = wait_checks(stack, checks)
             assert row["state"] == ("learning" if checks < MIN_CHECKS else "serving")
-            per_gate = [metric(stack, i, "gate_cache_selfcheck_checks_total", labels) for i in range(2)]
-        # Both processes counted checks into the one Redis hash that both read.
         assert (row["tenant"], row["language"], row["bin"]) == ("anonymous", "en", "0.30")
         assert row["agreed"] == checks
-        assert sum(per_gate) == checks
+        labels = 'bin="0.30",language="en",outcome="agreed"'
+        own = [metric(stack, i, "gate_cache_selfcheck_checks_total", labels) for i in range(2)]
+        assert sum(own) == MIN_CHECKS
 
-        # Serving: a candidate is served (or, for `share` of them, still checked; `no-store`
-        # keeps these out of the counts, so the wrong answer below is one in `checks` + 1).
-        served = None
-        for _ in range(30):
+        # Serving, on both gates: their own checks add up to MIN_CHECKS, so at least one serves
+        # on counts the other wrote (both read the one Redis hash). `no-store` keeps
+        # these candidates' checks (`share` of them) out of the counts. An extra exact hit
+        # every other round shifts Envoy's round robin to the other gate.
+        labels = 'action="serve",bin="0.30",language="en"'
+        served: list[httpx.Response] = []
+        for i in range(40):
             seed = next(seeds)
             first = ask(client, BASE, "pw", seed)
+            if i % 2:
+                assert ask(client, BASE, "pw", seed).headers["x-gate-cache"] == "hit"
             r = ask(client, SAME[MIN_CHECKS], "pw", seed, no_store=True)
+            assert r.headers["x-gate-cache"] in ("hit", "check")
             if r.headers["x-gate-cache"] == "hit":
-                served = r
+                assert (r.headers["x-gate-cache-match"], answer(r)) == ("semantic", answer(first))
+                served.append(r)
+            if all(metric(stack, g, "gate_cache_selfcheck_candidates_total", labels) > 0 for g in range(2)):
                 break
-            assert r.headers["x-gate-cache"] == "check"
-        assert served is not None and served.headers["x-gate-cache-match"] == "semantic"
-        assert answer(served) == answer(first)
+        assert served and all(metric(stack, g, "gate_cache_selfcheck_candidates_total", labels) > 0
+                              for g in range(2)), own
 
         # A check finds a wrong answer: the bin stops serving at once, on both gates.
         for _ in range(30):
