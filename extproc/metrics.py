@@ -164,7 +164,8 @@ class Metrics:
 
         self.cache_requests = Counter(
             "gate_cache_requests",
-            "Cache outcome per request: hit, coalesced, miss, bypass (rules), skipped (store failed).",
+            "Cache outcome per request: hit, coalesced, miss, check (sent upstream to be compared), bypass "
+            "(rules), skipped (store failed).",
             ["result"],
             registry=r,
         )
