@@ -18,6 +18,7 @@ DELEGATED = (
     ("blocks", "extproc.ratelimit.admin", "list or lift repeated-prompt blocks"),
     ("breaker", "extproc.breaker.admin", "show or force the latency breaker of each pool"),
     ("calibrate", "extproc.dedup.calibrate", "fit the dedup verifier on labelled pairs and report"),
+    ("dedup", "extproc.cache.selfcheck_admin", "show the self-calibration bins (dedup status)"),
     ("sim", "load.vllm_sim", "run the vLLM simulator (an OpenAI-shaped server for tests and demos)"),
     ("demo", "load.demo", "run the whole stack on loopback and show what it does"),
 )

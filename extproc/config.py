@@ -270,6 +270,31 @@ class SemanticProfile(Strict):
         )
 
 
+class CacheSelfCheck(Strict):
+    """Self-calibration from live traffic (extproc/dedup/selfcheck.py): a semantic candidate is
+    served only from a bin (tenant, language, verifier-score bin) whose checked precision has a
+    95% lower bound at or above `target`; its other candidates, and `share` of a serving bin's,
+    go upstream and their fresh answer is compared with the cached one."""
+
+    enabled: bool = False
+    share: float = Field(default=0.03, ge=0, le=1)  # of a serving bin's candidates, still checked
+    target: float | None = Field(default=None, gt=0, lt=1)  # None: cache.semantic.target_precision
+    min_checks: int = Field(default=30, ge=1)  # a bin serves on no fewer checks than this
+    # Lower edges of the verifier-score bins, rising; a score under the first is never a candidate.
+    bins: list[float] = Field(default_factory=lambda: [0.6, 0.8, 0.9], min_length=1)
+    # Two answers whose normalised texts differ still agree at this cosine of their embeddings.
+    answer_similarity: float = Field(default=0.97, gt=0, le=1)
+    key_prefix: str = "gate:sc:"
+
+    @model_validator(mode="after")
+    def _bins_rise(self) -> CacheSelfCheck:
+        if any(b <= a for a, b in zip(self.bins, self.bins[1:], strict=False)):
+            raise ValueError("bins must rise")
+        if not all(0 <= b < 1 for b in self.bins):
+            raise ValueError("bins are verifier scores in [0, 1)")
+        return self
+
+
 class CacheSemantic(Strict):
     enabled: bool = True
     embedder: str = "minilm"  # a name known to extproc.embed.load_embedder
@@ -297,6 +322,7 @@ class CacheSemantic(Strict):
     # A leader announces its request while the model runs (one more store call beside it), so
     # a paraphrase judged the same question waits for that answer instead of calling the model.
     join_in_flight: bool = True
+    self_check: CacheSelfCheck = CacheSelfCheck()
 
     def for_profile(self, profile: SemanticProfile) -> CacheSemantic:
         """This section with the profile's choices in place of the defaults."""

@@ -197,7 +197,8 @@ class Metrics:
 
         self.cache_requests = Counter(
             "gate_cache_requests",
-            "Cache outcome per request: hit, coalesced, miss, bypass (rules), skipped (store failed).",
+            "Cache outcome per request: hit, coalesced, miss, check (sent upstream to be compared), bypass "
+            "(rules), skipped (store failed).",
             ["result"],
             registry=r,
         )
@@ -231,6 +232,30 @@ class Metrics:
             "gate_cache_semantic_skips",
             "Requests that took the exact path only, by reason (unreadable, language_off, embed_error).",
             ["reason"],
+            registry=r,
+        )
+        self.selfcheck_candidates = Counter(
+            "gate_cache_selfcheck_candidates",
+            "Semantic candidates by language, verifier-score bin and action (serve, check).",
+            ["language", "bin", "action"],
+            registry=r,
+        )
+        self.selfcheck_checks = Counter(
+            "gate_cache_selfcheck_checks",
+            "Checked candidates by language, bin and outcome (agreed, differed with the fresh answer).",
+            ["language", "bin", "outcome"],
+            registry=r,
+        )
+        self.selfcheck_lower = Gauge(
+            "gate_cache_selfcheck_lower_bound",
+            "95% Wilson lower bound of each bin's checked precision, as this process last read it.",
+            ["tenant", "language", "bin"],
+            registry=r,
+        )
+        self.selfcheck_serving = Gauge(
+            "gate_cache_selfcheck_serving",
+            "1 while a bin serves semantic hits (its lower bound at or above the target), 0 while it learns.",
+            ["tenant", "language", "bin"],
             registry=r,
         )
         self.embed_batch_size = Histogram(

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from .breaker.adaptive import AdaptiveLimit
 from .breaker.monitor import Breakers
 from .cache.lease import Leases
+from .cache.selfcheck import SelfCheck, make_bins
 from .cache.setup import Matchers, answer_store, load_matchers
 from .cache.store import Store as AnswerStore
 from .config import Config
@@ -42,6 +43,7 @@ class Services:
     answers: AnswerStore
     leases: Leases
     matchers: Matchers
+    selfcheck: SelfCheck | None  # cache.semantic.self_check; None when off
     breakers: Breakers
     pools: Pools
     tracing: Tracing
@@ -62,6 +64,11 @@ class Services:
         breakers.subscribe(AdaptiveLimit(config.breaker, pools.set_capacity_factor))
         prefix = config.ratelimit.key_prefix
         cache_budget_s = c.op_timeout_ms / 1000 if c.op_timeout_ms is not None else None
+        sc = c.semantic.self_check
+        selfcheck = (
+            SelfCheck(sc, make_bins(redis, sc.key_prefix), store, metrics, tasks, budget_s=cache_budget_s)
+            if c.enabled and sc.enabled else None
+        )
         return cls(
             metrics=metrics,
             tasks=tasks,
@@ -74,6 +81,7 @@ class Services:
             matchers=(
                 load_matchers(c.semantic, metrics, config.server.workers) if c.enabled else Matchers(None, [])
             ),
+            selfcheck=selfcheck,
             breakers=breakers,
             pools=pools,
             tracing=Tracing.create(config.server.tracing),

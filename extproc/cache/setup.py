@@ -58,6 +58,10 @@ def load_matcher(cfg: SemanticConfig, metrics: Metrics, processes: int = 1) -> M
     except FileNotFoundError as exc:
         log.warning("semantic cache off: no calibration file (%s)", exc)
         return None
+    if cfg.self_check.enabled:
+        from .selfcheck import open_policy
+
+        policy = open_policy(policy, cfg.self_check.bins[0])
     from .semantic import floor
 
     if floor(policy) is None:

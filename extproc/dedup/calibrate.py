@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import math
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
@@ -30,21 +29,12 @@ from .canonical import canonical
 from .decide import DEFAULT_MIN_HITS, CurvePoint, LanguagePoint, shipped_policy_file
 from .guards import guard
 from .lang import language
+from .selfcheck import wilson_lower
 from .states import StateStore, read_states
 from .verifier import FEATURES, features, fit
 
 TARGETS = (0.9, 0.95, 0.99)
 KINDS = ("binary", "score")
-
-
-def wilson_lower(successes: int, n: int, z: float = 1.959964) -> float:
-    """Lower end of the 95% Wilson score interval of a proportion (0 for no trials)."""
-    if n <= 0:
-        return 0.0
-    p = successes / n
-    centre = p + z * z / (2 * n)
-    margin = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
-    return max(0.0, (centre - margin) / (1 + z * z / n))
 
 
 @dataclass(frozen=True)

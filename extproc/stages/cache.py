@@ -26,6 +26,7 @@ from ..cache.keys import exact_key, normalise, question
 from ..cache.lease import Leases
 from ..cache.replay import replay
 from ..cache.rules import access
+from ..cache.selfcheck import CHECK_HEADER_VALUE, Check, SelfCheck
 from ..cache.setup import Matchers
 from ..cache.store import Pending, Put, Store
 from ..config import Cache as CacheConfig
@@ -49,6 +50,7 @@ MATCH_HEADER = "x-gate-cache-match"
 KEY_HEADER = "x-gate-cache-key"
 RETRY_COUNT_HEADER = "x-stainless-retry-count"  # OpenAI's SDKs: 0 on the first attempt
 ABANDONED_TTL_MS = 60_000
+CHECK = "cache.check"  # ex.state: the self-check this request carries upstream
 T = TypeVar("T")
 
 
@@ -60,6 +62,7 @@ class Cache(Stage):
         matchers: Matchers, *, canon: Callable[[str], str] = normalise,
         clock: Callable[[], float] = time.monotonic, may_wait_s: Callable[[Exchange], float] | None = None,
         op_timeout_s: float | None = None, count: Count | None = None, tasks: Tasks | None = None,
+        selfcheck: SelfCheck | None = None,
     ) -> None:
         self.config = config
         self.store = store
@@ -75,6 +78,7 @@ class Cache(Stage):
         self.count = count  # the gate's tokenizer, for the usage of answers that came without one
         self.tasks = tasks  # announcing a flight runs beside the request, not in its way
         self.embed_timeout_s = config.semantic.embed_timeout_ms / 1000
+        self.selfcheck = selfcheck  # semantic candidates served only from bins that checks proved
 
     @classmethod
     def build(cls, config: Config, services: Services) -> Cache:
@@ -86,7 +90,7 @@ class Cache(Stage):
         budget = c.op_timeout_ms / 1000 if c.op_timeout_ms is not None else None
         return cls(c, services.answers, services.leases, services.store, services.metrics, services.matchers,
                    canon=canonical, may_wait_s=may_wait_s, op_timeout_s=budget, count=services.tokens.count,
-                   tasks=services.tasks)
+                   tasks=services.tasks, selfcheck=services.selfcheck)
 
     async def _timed(self, f: Flight, call: Coroutine[Any, Any, T], op: str) -> T | None:
         result = await self.guard.run(call, None, f"cache_{op}", self.op_timeout_s)
@@ -123,7 +127,8 @@ class Cache(Stage):
         reply = await self._semantic(ex, f)
         if reply is not None:
             return reply
-        self._outcome(ex, "skipped" if not f.store_ok else "miss")
+        checked = CHECK in ex.state
+        self._outcome(ex, "skipped" if not f.store_ok else CHECK_HEADER_VALUE if checked else "miss")
         self._announce(f)
         return None
 
@@ -222,10 +227,16 @@ class Cache(Stage):
             decision = m.same(text, other, cosine)
             if not decision.same:
                 return None
+            if self.selfcheck is not None and decision.reason == "semantic":
+                # A flight in a bin that is not serving goes upstream unjoined (nothing to compare yet).
+                check = await self.selfcheck.judge(ex.tenant, text, entry, decision.score, m)
+                if check is not None:  # upstream: served fresh, compared with `entry` once complete
+                    ex.state[CHECK] = check
+                    return None
             kind = "near" if decision.reason == "near-exact" else "semantic"
             if raw is None:
                 return await self._join(ex, f, key, cosine, kind)
-            if f.access.store and entry is not None:
+            if entry is not None:
                 await self._alias(f, entry, key, cosine)
             return self._hit(ex, f, raw, "hit", key, cosine, kind)
         return None
@@ -241,12 +252,14 @@ class Cache(Stage):
         entry = _load(raw) if raw is not None else None
         if raw is None or entry is None:
             return None  # it ended without an answer: this request asks the model itself
-        if f.access.store:
-            await self._alias(f, entry, key, cosine)
+        await self._alias(f, entry, key, cosine)
         return self._hit(ex, f, raw, "coalesced", key, cosine, kind)
 
     async def _alias(self, f: Flight, entry: Entry, source: str, cosine: float) -> None:
-        """Keep the paraphrase's answer under its own exact key: its repeats and followers need no model."""
+        """Keep the paraphrase's answer under its own exact key: its repeats and followers need no model.
+        Not under self-check: a repeat asks its bin again, as an alias would outlive a bin that stopped."""
+        if not f.access.store or self.selfcheck is not None:
+            return
         alias = Entry(entry.kind, entry.body, entry.events, f.q.text or "", entry.model, entry.tenant,
                       time.time(), source=source, similarity=cosine)
         ttl = min(self.config.alias_ttl_s, self.config.ttl_s)
@@ -307,6 +320,9 @@ class Cache(Stage):
             await self._finish(f, None, stored=False)
             return
         body, events = kept
+        check = ex.state.get(CHECK)
+        if isinstance(check, Check) and self.selfcheck is not None:
+            self.selfcheck.compare(check, capture.kind, body, events)
         entry = Entry(capture.kind, body, events, f.q.text or "", f.q.model, f.q.tenant, time.time())
         await self._put(f, entry, self.config.ttl_s, with_vector=True)
 

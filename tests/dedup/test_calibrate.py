@@ -5,7 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from extproc.dedup.calibrate import LabelError, main, parse_spec, read_pairs, subsample, wilson_lower
+from extproc.dedup.calibrate import LabelError, main, parse_spec, read_pairs, subsample
+from extproc.dedup.selfcheck import wilson_lower
 
 DATA = Path("/work/shared/data/paraphrase")
 if not DATA.is_dir():

@@ -1,0 +1,135 @@
+"""Self-calibration's I/O shell: read a candidate's bin, decide serve or check, and once a
+check's fresh answer is complete, compare it with the cached one and count the outcome.
+
+The decisions are `extproc.dedup.selfcheck`; the counts live in a `BinStore` shared by every
+replica. Every store call goes through the store guard within the cache's budget: a bin
+whose counts cannot be read is treated as learning (its candidate goes upstream), never as
+serving.
+"""
+
+from __future__ import annotations
+
+import random
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+import orjson
+
+from ..config import CacheSelfCheck
+from ..dedup.decide import Policy
+from ..dedup.lang import language
+from ..dedup.selfcheck import Counts, action, agree, bin_of, same_text, verdict
+from ..metrics import Metrics
+from ..redis_conn import StoreGuard
+from ..tasks import Tasks
+from .bins import BinStore
+from .entry import Entry, chunks_text, json_text
+from .semantic import AsyncEmbedder, Matcher
+
+CHECK_HEADER_VALUE = "check"
+
+
+@dataclass(frozen=True)
+class Check:
+    """A semantic candidate sent upstream to be compared: where its outcome is counted."""
+
+    tenant: str
+    language: str
+    bin: str
+    cached: str  # the cached candidate's answer text
+    embedder: AsyncEmbedder
+    token: str
+    target: float = 0.95
+
+
+def open_policy(policy: Policy, floor: float) -> Policy:
+    """Every calibrated language considered down to the bins' floor: live checks, not the static
+    operating point, decide which scores serve."""
+    langs = {lang: replace(point, threshold=floor) for lang, point in policy.languages.items()}
+    return replace(policy, languages=langs)
+
+
+def answer_text(kind: str, body: str, events: tuple[tuple[float, str], ...]) -> str:
+    """The answer's text in a stored (or captured) JSON body or SSE events."""
+    try:
+        if kind == "json":
+            return json_text(orjson.loads(body))
+        chunks = [orjson.loads(data) for _, data in events if data.startswith("{")]
+        return chunks_text(chunks)
+    except (orjson.JSONDecodeError, AttributeError, TypeError):
+        return ""
+
+
+class SelfCheck:
+    def __init__(
+        self, config: CacheSelfCheck, bins: BinStore, guard: StoreGuard, metrics: Metrics, tasks: Tasks,
+        *, budget_s: float | None = None, draw: Callable[[], float] = random.random,
+    ) -> None:
+        self.config = config
+        self.target = config.target  # None: the matcher's own precision target
+        self.bins = bins
+        self.guard = guard
+        self.metrics = metrics
+        self.tasks = tasks
+        self.budget_s = budget_s
+        self.draw = draw
+
+    async def judge(
+        self, tenant: str, query: str, entry: Entry | None, score: float, matcher: Matcher
+    ) -> Check | None:
+        """None: serve the candidate. A Check: send the request upstream and compare (with
+        nothing when the candidate is a request still in flight: `entry` None)."""
+        lang, name, embedder = language(query), bin_of(score, self.config.bins), matcher.embedder
+        if name is None:  # under the floor (the matcher's own threshold): never served
+            return Check(tenant, lang, "", "", embedder, "")
+        target = self.target if self.target is not None else matcher.policy.target
+        read = self.bins.counts(tenant, lang, name)
+        counts = await self.guard.run(read, None, "selfcheck_read", self.budget_s)
+        if counts is not None:
+            self._observe(tenant, lang, name, counts, target)
+        v = verdict(counts or Counts(), target, self.config.min_checks)
+        act = action(v, self.config.share, self.draw())
+        self.metrics.selfcheck_candidates.labels(lang, name, act).inc()
+        if act == "serve":
+            return None
+        cached = answer_text(entry.kind, entry.body, entry.events) if entry is not None else ""
+        return Check(tenant, lang, name, cached, embedder, uuid.uuid4().hex, target)
+
+    def compare(self, check: Check, kind: str, body: str, events: tuple[tuple[float, str], ...]) -> None:
+        """Off the response path: the client already has the fresh answer."""
+        if check.bin and check.cached:
+            self.tasks.spawn(self._compare(check, answer_text(kind, body, events)), "selfcheck_compare")
+
+    async def _compare(self, check: Check, fresh: str) -> None:
+        threshold = self.config.answer_similarity
+        agreed = same_text(check.cached, fresh) or agree(await self._cosine(check, fresh), threshold)
+        outcome = "agreed" if agreed else "differed"
+        self.metrics.selfcheck_checks.labels(check.language, check.bin, outcome).inc()
+        record = self.bins.record(check.tenant, check.language, check.bin, agreed, check.token)
+        counts = await self.guard.run(record, None, "selfcheck_record", self.budget_s)
+        if counts is not None:
+            self._observe(check.tenant, check.language, check.bin, counts, check.target)
+
+    async def _cosine(self, check: Check, fresh: str) -> float | None:
+        e = check.embedder
+        if not fresh or not (e.can_read(check.cached) and e.can_read(fresh)):
+            return None
+        try:
+            a, b = await e.embed(check.cached), await e.embed(fresh)
+        except Exception:
+            return None
+        return float(np.dot(a, b) / max(float(np.linalg.norm(a) * np.linalg.norm(b)), 1e-9))
+
+    def _observe(self, tenant: str, lang: str, name: str, counts: Counts, target: float) -> None:
+        serving = verdict(counts, target, self.config.min_checks) == "serve"
+        self.metrics.selfcheck_lower.labels(tenant, lang, name).set(counts.lower)
+        self.metrics.selfcheck_serving.labels(tenant, lang, name).set(1.0 if serving else 0.0)
+
+
+def make_bins(redis: Any, prefix: str) -> BinStore:
+    from .bins import MemoryBins, RedisBins
+
+    return MemoryBins() if redis is None else RedisBins(redis, prefix)

@@ -1,0 +1,98 @@
+"""`llm-gate dedup status`: every self-calibration bin as the gates share it.
+
+    llm-gate dedup status [--config gate.yaml] [--redis redis://host:6379/0] [--json]
+
+One line per (tenant, language, verifier-score bin): checks, how many agreed, precision, its
+95% lower bound, and whether the bin serves semantic hits or is still learning (its bound
+under the target, or fewer checks than `min_checks`). The counts live in Redis
+(`store.redis_url`); without Redis each gate process keeps its own, shown by its metrics
+(`gate_cache_selfcheck_lower_bound`, `gate_cache_selfcheck_serving`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from pathlib import Path
+from typing import Any
+
+import orjson
+import redis.asyncio as aioredis
+
+from ..config import Config, ConfigError, load_config
+from ..dedup.selfcheck import verdict
+from .bins import BinStore, RedisBins
+
+
+def target_of(config: Config) -> float:
+    s = config.cache.semantic
+    return s.self_check.target if s.self_check.target is not None else s.target_precision
+
+
+async def status(bins: BinStore, config: Config) -> list[dict[str, Any]]:
+    sc, target = config.cache.semantic.self_check, target_of(config)
+    return [
+        {
+            "tenant": r.tenant,
+            "language": r.language,
+            "bin": r.bin,
+            "checks": r.counts.checks,
+            "agreed": r.counts.agreed,
+            "precision": round(r.counts.precision, 4),
+            "lower_bound": round(r.counts.lower, 4),
+            "state": "serving" if verdict(r.counts, target, sc.min_checks) == "serve" else "learning",
+        }
+        for r in await bins.rows()
+    ]
+
+
+def render(rows: list[dict[str, Any]], target: float) -> str:
+    lines = [f"{'tenant':<16}{'lang':<6}{'bin':>6}{'checks':>8}{'agreed':>8}{'precision':>11}{'lower':>8}"
+             "  state"]
+    for r in rows:
+        lines.append(
+            f"{r['tenant']:<16}{r['language'] or '-':<6}{r['bin']:>6}{r['checks']:>8}{r['agreed']:>8}"
+            f"{r['precision']:>11.3f}{r['lower_bound']:>8.3f}  {r['state']}"
+        )
+    if not rows:
+        lines.append("(no checks yet)")
+    lines.append(f"target {target:g}: a bin serves once its lower bound reaches it")
+    return "\n".join(lines)
+
+
+async def _run(args: argparse.Namespace, config: Config) -> int:
+    url = args.redis or config.store.redis_url
+    if url is None:
+        print("no Redis (store.redis_url or --redis): each gate process keeps its own counts; "
+              "read gate_cache_selfcheck_* on its metrics port", file=sys.stderr)
+        return 1
+    client = aioredis.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=2)
+    try:
+        rows = await status(RedisBins(client, config.cache.semantic.self_check.key_prefix), config)
+    finally:
+        await client.aclose()
+    text = orjson.dumps(rows, option=orjson.OPT_INDENT_2).decode() if args.json else None
+    print(text or render(rows, target_of(config)))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="llm-gate dedup", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("action", choices=["status"], help="status: print every bin")
+    p.add_argument("--config", type=Path, help="the gate's YAML config (target, min_checks, Redis URL)")
+    p.add_argument("--redis", help="Redis URL (default: the config's store.redis_url)")
+    p.add_argument("--json", action="store_true", help="one JSON object per bin")
+    args = p.parse_args(argv)
+    try:
+        config = load_config(args.config)
+    except ConfigError as exc:
+        for problem in exc.problems:
+            print(problem, file=sys.stderr)
+        return 2
+    return asyncio.run(_run(args, config))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
