@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .encoder import Embedder
+from .token_states import TokenStates, TokenStatesCache
 
 SHED_REASONS = ("queue_full", "late", "timeout")
 
@@ -119,6 +120,7 @@ class BatchingEmbedder:
         on_batch: Callable[[BatchReport], None] | None = None,
         on_shed: Callable[[str], None] | None = None,
         clock: Callable[[], float] = time.perf_counter,
+        states_bytes: int = 64 << 20,
     ) -> None:
         self.inner = inner
         self.name = inner.name
@@ -138,6 +140,12 @@ class BatchingEmbedder:
         self._running = 0  # texts in batches being computed
         self._per_text_s: float | None = None  # EWMA of one worker's inference time per text
         self._closed = False
+        # Token states of what was embedded, from the same forward pass (the dedup verifier's).
+        read = getattr(inner, "embed_with_states", None) if getattr(inner, "reads_states", False) else None
+        self._read: Callable[[list[str]], tuple[np.ndarray, list[TokenStates]]] | None = (
+            read if states_bytes > 0 else None
+        )
+        self.states = TokenStatesCache(states_bytes) if self._read is not None else None
 
     def can_read(self, text: str) -> bool:
         return self.inner.can_read(text)
@@ -238,9 +246,13 @@ class BatchingEmbedder:
         while (batch := self._take()) is not None:
             start = self._clock()
             vectors: np.ndarray | None = None
+            states: list[TokenStates] | None = None
             error: BaseException | None = None
             try:
-                vectors = self.inner.embed_sync([i.text for i in batch])
+                if self._read is not None:
+                    vectors, states = self._read([i.text for i in batch])
+                else:
+                    vectors = self.inner.embed_sync([i.text for i in batch])
             except Exception as exc:
                 error = exc
             infer_s = self._clock() - start
@@ -258,18 +270,22 @@ class BatchingEmbedder:
             for loop, rows in by_loop.items():
                 mine = [batch[n] for n in rows]
                 part = None if vectors is None else vectors[rows]
+                held = None if states is None else [states[n] for n in rows]
                 with contextlib.suppress(RuntimeError):  # that loop is closed: nobody waits for these
-                    loop.call_soon_threadsafe(self._deliver, mine, part, error, report if first else None)
+                    loop.call_soon_threadsafe(
+                        self._deliver, mine, part, held, error, report if first else None
+                    )
                 first = False
 
     def _deliver(
         self,
         items: list[_Item],
         vectors: np.ndarray | None,
+        states: list[TokenStates] | None,
         error: BaseException | None,
         report: BatchReport | None,
     ) -> None:
-        """On the loop: one callback per batch hands every caller its row."""
+        """On the loop: one callback per batch keeps the token states and hands every caller its row."""
         if report is not None:
             if error is None:
                 self.stats.add(report)
@@ -277,6 +293,9 @@ class BatchingEmbedder:
                     self._on_batch(report)
             else:
                 self.stats.errors += 1
+        if states is not None and self.states is not None:
+            for item, st in zip(items, states, strict=True):
+                self.states.put(item.text, st)
         for n, item in enumerate(items):
             if item.future.done():
                 continue

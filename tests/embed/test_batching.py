@@ -226,3 +226,27 @@ def test_defaults_share_the_cores() -> None:
     assert default_workers(1) == 1 and default_workers(2) == 2 and default_workers(16) == 2
     assert default_threads(16) == 8 and default_threads(16, processes=4) == 2
     assert default_threads(2) == 1 and default_threads(1) == 1
+
+
+@pytest.mark.parametrize("name", ["e5", "minilm"])
+async def test_batches_keep_each_texts_token_states_from_the_same_run(
+    name: str, request: pytest.FixtureRequest
+) -> None:
+    inner: OnnxEmbedder = request.getfixturevalue(name)
+    emb = BatchingEmbedder(inner, max_batch=16, workers=1)
+    try:
+        texts = [f"{t} #{i}" for i in range(2) for t in MIXED]
+        vectors = await asyncio.gather(*(emb.embed(t) for t in texts))
+    finally:
+        await emb.aclose()
+    assert emb.states is not None and emb.stats.texts == len(texts) and emb.stats.max_size > 1
+    ref_vectors, ref_states = inner.embed_with_states(texts)
+    assert np.abs(np.stack(vectors) - ref_vectors).max() < 1e-5
+    for text, ref in zip(texts, ref_states, strict=True):
+        got = emb.states.get(text)
+        assert got is not None and got.pieces == ref.pieces
+        assert np.abs(got.vectors - ref.vectors).max() < 1e-4
+
+
+def test_an_embedder_without_token_states_keeps_none() -> None:
+    assert BatchingEmbedder(Slow()).states is None  # type: ignore[arg-type]
