@@ -222,6 +222,43 @@ async def test_a_time_out_is_a_counted_shed_and_the_text_is_not_computed_later()
     assert inner.seen == ["blocker"]
 
 
+async def test_a_text_a_worker_would_finish_too_late_is_shed_not_computed() -> None:
+    inner = Slow(0.01)
+    emb = BatchingEmbedder(inner, max_batch=1, workers=1, window_s=0, timeout_s=0.25)
+    try:
+        await emb.embed("measure")  # fast so far: what comes next is let in
+        inner.seconds = 0.2  # the model slows down (a busy machine)
+        slow = asyncio.ensure_future(emb.embed("slow"))
+        await asyncio.sleep(0)
+        with pytest.raises(EmbedShedError) as info:
+            await emb.embed("behind it")  # waited 0.2 s, another 0.05 s or more would pass its budget
+        assert info.value.reason == "late"
+        await slow
+    finally:
+        await emb.aclose()
+    assert emb.stats.shed == {"queue_full": 0, "late": 1, "timeout": 0}
+    assert "behind it" not in inner.seen
+
+
+async def test_a_caller_boxed_by_the_same_time_out_hears_the_shed_first() -> None:
+    """The cache stage waits on ``embed`` within its own box of the embedder's time-out: what
+    ends the wait must be the counted shed with its reason, not the caller's bare time-out."""
+    inner = Slow(2.0)
+    emb = BatchingEmbedder(inner, max_batch=1, workers=1, window_s=0, timeout_s=1.0)
+    try:
+        blocker = asyncio.ensure_future(emb.embed("blocker"))
+        await asyncio.sleep(0.01)
+        with pytest.raises(EmbedShedError) as info:
+            async with asyncio.timeout(1.0):
+                await emb.embed("waits")
+        assert info.value.reason == "timeout"
+        with pytest.raises(EmbedShedError):
+            await blocker
+    finally:
+        await emb.aclose()
+    assert emb.stats.shed["timeout"] == 2
+
+
 def test_defaults_share_the_cores() -> None:
     assert default_workers(1) == 1 and default_workers(2) == 2 and default_workers(16) == 2
     assert default_threads(16) == 8 and default_threads(16, processes=4) == 2
