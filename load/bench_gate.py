@@ -230,9 +230,10 @@ def embedding_counts(metrics_ports: list[int]) -> dict[str, float]:
     gate's workers."""
     from .bench_admission import scrape
 
-    counts = {"embedded": 0.0, "shed": 0.0, **dict.fromkeys(SKIP_REASONS, 0.0)}
+    counts = {"embedded": 0.0, "batches": 0.0, "shed": 0.0, **dict.fromkeys(SKIP_REASONS, 0.0)}
     for port in metrics_ports:
         counts["embedded"] += scrape(port, "gate_embed_batch_size_sum")
+        counts["batches"] += scrape(port, "gate_embed_batch_size_count")
         counts["shed"] += scrape(port, "gate_embed_shed_total")
         for reason in SKIP_REASONS:
             counts[reason] += scrape(port, "gate_cache_semantic_skips_total", f'reason="{reason}"')
@@ -322,6 +323,7 @@ def run_variant(variant: Variant, work: Path, args: argparse.Namespace) -> dict[
             embed_cpu = thread_cpu_seconds(proc.pid, "embed-") - embed_cpu_before if proc else 0.0
             texts = after["embedded"] - before["embedded"]
             result["embed_cpu_ms_per_text"] = 1000 * embed_cpu / max(texts, 1)
+            result["mean_batch"] = texts / max(after["batches"] - before["batches"], 1)
             for reason in SKIP_REASONS:
                 result[f"skip_{reason}"] = after[reason] - before[reason]
         if big is not None:
@@ -403,14 +405,15 @@ def report(rows: list[tuple[Variant, dict[str, float]]], args: argparse.Namespac
             "that could not arrive in time are shed and counted, and so are the lookups that lost "
             "their embedding, by reason:",
             "",
-            "| variant | conns | gate req/s | texts embedded/s | raw texts/s | embedded/raw "
+            "| variant | conns | gate req/s | texts embedded/s | raw texts/s | embedded/raw | mean batch "
             "| CPU ms/text gate | raw | shed | skipped: embed_shed | skipped: embed_error |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
         ]
         for v, r in semantic:
             rate, done, conns = r["raw"], r.get("embedded_per_s", 0.0), v.connections or args.connections
             lines.append(
                 f"| {v.name} | {conns} | {r['rps']:.0f} | {done:.0f} | {rate:.0f} | {done / rate:.2f} "
+                f"| {r.get('mean_batch', 0):.1f} "
                 f"| {r.get('embed_cpu_ms_per_text', 0):.2f} | {r['raw_cpu_ms_per_text']:.2f} "
                 f"| {r.get('embed_shed', 0):.0f} | {r.get('skip_embed_shed', 0):.0f} "
                 f"| {r.get('skip_embed_error', 0):.0f} |"

@@ -110,10 +110,10 @@ class Matcher:
         batched with the other streams' texts, and kept. A read that is shed or fails leaves
         the states missing, and ``same`` says no."""
         tokens = self.tokens
-        if tokens is None or len(texts) < 2 or not any(self._needs_states(texts[0], c) for c in texts[1:]):
+        if tokens is None or len(texts) < 2:
             return
         missing = [t for t in dict.fromkeys(texts) if t not in tokens]
-        if not missing:
+        if not missing or not any(self._needs_states(texts[0], c) for c in texts[1:]):
             return
         tokens.reads += len(missing)
         embed = getattr(self.embedder, "embed", None)

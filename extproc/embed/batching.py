@@ -136,6 +136,7 @@ class BatchingEmbedder:
         on_shed: Callable[[str], None] | None = None,
         clock: Callable[[], float] = time.perf_counter,
         states_bytes: int = 64 << 20,
+        backlog: int | None = None,
     ) -> None:
         self.inner = inner
         self.name = inner.name
@@ -144,6 +145,9 @@ class BatchingEmbedder:
         self.window_s = window_s
         self.workers = workers or default_workers()
         self.max_queue = max_queue
+        # Texts waiting before a second batch runs beside the first: below it they wait for the
+        # running batch to end and go together (a batch of 1-2 costs up to twice as much per text).
+        self.backlog = backlog if backlog is not None else max(2, max_batch // 4)
         self.timeout_s = timeout_s
         self._budget_s = None if timeout_s is None else timeout_s * GIVE_UP
         self.stats = BatchStats()
@@ -247,6 +251,9 @@ class BatchingEmbedder:
         """The next batch (None when closing); waits for work, and `window_s` for company."""
         with self._cond:
             while not self._closed:
+                if self._running and len(self._pending) < self.backlog:
+                    self._cond.wait()  # another batch runs: let this one grow meanwhile
+                    continue
                 batch = self._drain([])
                 if len(batch) == 1 and self.window_s > 0 and self._running == 0:
                     self._cond.wait(self.window_s)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from extproc.embed import BatchingEmbedder, BatchReport, OnnxEmbedder
-from extproc.embed.batching import EmbedShedError, default_threads, default_workers
+from extproc.embed.batching import GIVE_UP, EmbedShedError, default_threads, default_workers
 
 from .sentences import MIXED
 
@@ -190,14 +190,14 @@ async def test_a_full_queue_sheds_at_once_and_counts_it() -> None:
 
 async def test_a_text_that_would_arrive_late_is_shed_at_once() -> None:
     inner = Slow(0.1)
-    emb = BatchingEmbedder(inner, max_batch=1, workers=1, window_s=0, timeout_s=0.25)
+    emb = BatchingEmbedder(inner, max_batch=1, workers=1, window_s=0, timeout_s=0.32)
     try:
         await emb.embed("measure")  # 0.1 s a text
         first = [asyncio.ensure_future(emb.embed(f"t{i}")) for i in range(2)]
         await asyncio.sleep(0)
         with pytest.raises(EmbedShedError) as info:
-            await emb.embed("third in line")  # ~0.3 s of work ahead of it, 0.25 s allowed
-        assert info.value.reason == "late" and info.value.wait_s > 0.25
+            await emb.embed("third in line")  # ~0.3 s of work ahead of it, 0.288 s allowed
+        assert info.value.reason == "late" and info.value.wait_s > 0.32 * GIVE_UP
         await asyncio.gather(*first)
     finally:
         await emb.aclose()
@@ -257,6 +257,45 @@ async def test_a_caller_boxed_by_the_same_time_out_hears_the_shed_first() -> Non
     finally:
         await emb.aclose()
     assert emb.stats.shed["timeout"] == 2
+
+
+class Announcing(Slow):
+    """Slow, and says when each batch starts."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__(seconds)
+        self.starts = threading.Semaphore(0)
+
+    def embed_sync(self, texts: list[str]) -> np.ndarray:
+        self.starts.release()
+        return super().embed_sync(texts)
+
+    async def started(self) -> None:
+        await asyncio.to_thread(self.starts.acquire)
+
+
+async def test_texts_wait_for_the_running_batch_unless_a_backlog_builds() -> None:
+    """A second worker runs beside the first only for a backlog: a few texts that arrive while a
+    batch runs go together after it, not one or two at a time beside it."""
+    inner = Announcing(0.1)
+    emb = BatchingEmbedder(inner, max_batch=8, workers=2, window_s=0, backlog=3)
+    try:
+        first = asyncio.ensure_future(emb.embed("a"))
+        await inner.started()
+        b = asyncio.ensure_future(emb.embed("b"))
+        await asyncio.sleep(0.02)  # the idle worker could take b alone now
+        await asyncio.gather(first, b, emb.embed("c"))
+        assert inner.sizes == [1, 2]  # b and c waited for a's batch to end
+        await inner.started()
+        running = asyncio.ensure_future(emb.embed("d"))
+        await inner.started()
+        backlog = [asyncio.ensure_future(emb.embed(t)) for t in ("e", "f", "g")]
+        await inner.started()
+        assert not running.done()  # e, f, g run beside d
+        await asyncio.gather(running, *backlog)
+    finally:
+        await emb.aclose()
+    assert inner.sizes == [1, 2, 1, 3] and len(inner.threads) == 2
 
 
 def test_defaults_share_the_cores() -> None:
