@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import random
 import re
 import shutil
 import statistics
@@ -40,8 +41,10 @@ ANSWER = (
     '"message":{"role":"assistant","content":"Paris."},"finish_reason":"stop"}],'
     '"usage":{"prompt_tokens":19,"completion_tokens":3,"total_tokens":22}}'
 )
-# wrk script: one fixed question, or a new question for every request (cache misses).
+# wrk script: one fixed question, or a new question for every request (cache misses). Seeded
+# per wrk run: unseeded, the measured run would repeat the warm-up's questions (exact hits).
 WRK_SCRIPT = """
+math.randomseed(%d)
 counter = 0
 request = function()
   counter = counter + 1
@@ -68,6 +71,11 @@ BIG_OK = {
     "validation": {"max_prompt_tokens": BIG_PROMPT_TOKENS},
 }
 EMBEDDERS = ("minilm", "e5-small")
+SKIP_REASONS = ("embed_shed", "embed_error")
+
+
+def wrk_script(question: str) -> str:
+    return WRK_SCRIPT % (random.SystemRandom().randrange(1, 2**31), question)
 
 
 def semantic(embedder: str) -> dict[str, Any]:
@@ -108,6 +116,16 @@ VARIANTS = [
         config=semantic("minilm"),
         embedder="minilm",
         group="semantic",
+    ),
+    *(
+        Variant(
+            f"gate: every stage, misses, semantic {e}, 64 connections",
+            config=semantic(e),
+            embedder=e,
+            connections=64,
+            group="semantic64",
+        )
+        for e in EMBEDDERS
     ),
     Variant("small requests, 512 KB prompts in the mix", config=BIG_OK, big=True, group="big"),
     Variant(
@@ -167,6 +185,29 @@ def group_cpu_seconds(pgid: int) -> float:
     return total / CLK_TCK
 
 
+def thread_cpu_seconds(pgid: int, prefix: str) -> float:
+    """utime + stime of the threads named ``prefix...`` in every live process of the group."""
+    total = 0
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            if int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[2]) != pgid:
+                continue
+            tasks = os.listdir(f"/proc/{entry}/task")
+        except OSError:
+            continue
+        for task in tasks:
+            try:
+                if not Path(f"/proc/{entry}/task/{task}/comm").read_text().startswith(prefix):
+                    continue
+                fields = Path(f"/proc/{entry}/task/{task}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            total += int(fields[11]) + int(fields[12])
+    return total / CLK_TCK
+
+
 def parse_wrk(out: str) -> dict[str, float]:
     """wrk --latency's summary; every pattern anchored to its own line (a stdev column may end in 50%)."""
 
@@ -195,13 +236,17 @@ def spawn(args: list[str], log: Path) -> subprocess.Popen[bytes]:
 
 
 def embedding_counts(metrics_ports: list[int]) -> dict[str, float]:
-    """Texts embedded and embeddings shed, summed over the gate's workers."""
+    """Texts embedded, embeddings shed, and semantic lookups skipped by reason, summed over the
+    gate's workers."""
     from .bench_admission import scrape
 
-    counts = {"embedded": 0.0, "shed": 0.0}
+    counts = {"embedded": 0.0, "batches": 0.0, "shed": 0.0, **dict.fromkeys(SKIP_REASONS, 0.0)}
     for port in metrics_ports:
         counts["embedded"] += scrape(port, "gate_embed_batch_size_sum")
+        counts["batches"] += scrape(port, "gate_embed_batch_size_count")
         counts["shed"] += scrape(port, "gate_embed_shed_total")
+        for reason in SKIP_REASONS:
+            counts[reason] += scrape(port, "gate_cache_semantic_skips_total", f'reason="{reason}"')
     return counts
 
 
@@ -262,15 +307,17 @@ def run_variant(variant: Variant, work: Path, args: argparse.Namespace) -> dict[
         procs.append(spawn(envoy_command(doc, work / "envoy.yaml", "error"), work / "envoy.log"))
         wait_http(f"http://{LOOPBACK}:{admin}/ready", 30)
         script = work / "post.lua"
-        script.write_text(WRK_SCRIPT % (UNIQUE if variant.unique else FIXED))
+        script.write_text(wrk_script(UNIQUE if variant.unique else FIXED))
         url = f"http://{LOOPBACK}:{listen}/v1/chat/completions"
         connections = variant.connections or args.connections
         wrk = ["wrk", "-t1", f"-c{connections}", "-s", str(script), "--latency"]
         subprocess.run([*wrk, "-d2s", url], capture_output=True, check=True)  # warm-up
+        script.write_text(wrk_script(UNIQUE if variant.unique else FIXED))  # new questions
         if variant.big:
             return big_rounds(wrk, url, proc, work, args, variant.big_prompts)
         cpu_before = group_cpu_seconds(proc.pid) if proc else 0.0
         before = embedding_counts(metrics_ports) if variant.embedder else {}
+        embed_cpu_before = thread_cpu_seconds(proc.pid, "embed-") if proc and variant.embedder else 0.0
         spy = profile(proc, variant, args) if proc and args.profile else None
         result = small_load(wrk, url, args.duration)
         if spy is not None:
@@ -281,6 +328,12 @@ def run_variant(variant: Variant, work: Path, args: argparse.Namespace) -> dict[
             after = embedding_counts(metrics_ports)
             result["embedded_per_s"] = (after["embedded"] - before["embedded"]) / args.duration
             result["embed_shed"] = after["shed"] - before["shed"]
+            embed_cpu = thread_cpu_seconds(proc.pid, "embed-") - embed_cpu_before if proc else 0.0
+            texts = after["embedded"] - before["embedded"]
+            result["embed_cpu_ms_per_text"] = 1000 * embed_cpu / max(texts, 1)
+            result["mean_batch"] = texts / max(after["batches"] - before["batches"], 1)
+            for reason in SKIP_REASONS:
+                result[f"skip_{reason}"] = after[reason] - before[reason]
         return result
     finally:
         for p in procs:
@@ -328,7 +381,7 @@ def big_rounds(
     medians over the rounds; each round's ratio is kept too. Without `big_prompts` the second
     window has nothing more either: how far the ratio moves on this machine with no cause."""
     big_script = work / "big.lua"
-    big_script.write_text(WRK_SCRIPT % BIG_PROMPT)
+    big_script.write_text(wrk_script(BIG_PROMPT))
     big_cmd = ["wrk", "-t1", "-c2", "-s", str(big_script), "--latency", f"-d{args.duration}s", url]
     if not big_prompts:  # the same rounds, with an idle second client
         big_cmd = ["sh", "-c", "sleep 1; echo"]
@@ -359,8 +412,9 @@ def big_rounds(
     return result
 
 
-def raw_embedder_rate(name: str, seconds: float, processes: int = 1) -> float:
-    """Texts per second of the bare embedder, batches of 32 on as many threads as the gate uses."""
+def raw_embedder_rate(name: str, seconds: float, processes: int = 1) -> tuple[float, float]:
+    """Texts per second of the bare embedder, batches of 32 on as many threads as the gate uses,
+    and its CPU milliseconds per text."""
     import threading
 
     from extproc.embed import load_embedder
@@ -378,18 +432,17 @@ def raw_embedder_rate(name: str, seconds: float, processes: int = 1) -> float:
             n += 1
             done[slot] += 32
 
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), time.process_time()
     threads = [threading.Thread(target=work, args=(i,)) for i in range(workers)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    return sum(done) / (time.perf_counter() - started)
+    texts = sum(done)
+    return texts / (time.perf_counter() - started), 1000 * (time.process_time() - cpu) / max(texts, 1)
 
 
-def report(
-    rows: list[tuple[Variant, dict[str, float]]], raw: dict[str, float], args: argparse.Namespace
-) -> str:
+def report(rows: list[tuple[Variant, dict[str, float]]], args: argparse.Namespace) -> str:
     by_name = {v.name: r for v, r in rows}
     noop = by_name.get(NOOP)
     lines = [
@@ -417,24 +470,29 @@ def report(
             f"| {v.name} | {v.connections or args.connections} | {r['rps']:.0f} | {vs} | {r['p50']:.2f} | "
             f"{r['p99']:.2f} | {r['cpu_ms_per_req']:.3f} | {r['errors']:.0f} |"
         )
-    if raw:
+    semantic = [(v, r) for v, r in rows if v.embedder and r.get("raw")]
+    if semantic:
         lines += [
             "",
-            "Semantic-on misses against the raw embedder's batched throughput (same threads, same run):",
+            "Semantic-on misses against the raw embedder's batched throughput (same threads; the raw "
+            "rate is the mean of runs just before and just after each variant). CPU per text: the "
+            "gate's embedding threads (model run, token states) against the raw embedder's. Embeddings "
+            "that could not arrive in time are shed and counted, and so are the lookups that lost "
+            "their embedding, by reason:",
             "",
+            "| variant | conns | gate req/s | texts embedded/s | raw texts/s | embedded/raw | mean batch "
+            "| CPU ms/text gate | raw | shed | skipped: embed_shed | skipped: embed_error |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
         ]
-        lines += [
-            "| variant | gate req/s | texts embedded/s | embeddings shed | raw embedder texts/s "
-            "| embedded/raw |",
-            "|---|---:|---:|---:|---:|---:|",
-        ]
-        for v, r in rows:
-            if v.embedder in raw:
-                rate, done = raw[v.embedder], r.get("embedded_per_s", 0.0)
-                lines.append(
-                    f"| {v.name} | {r['rps']:.0f} | {done:.0f} | {r.get('embed_shed', 0):.0f} | {rate:.0f} | "
-                    f"{done / rate:.2f} |"
-                )
+        for v, r in semantic:
+            rate, done, conns = r["raw"], r.get("embedded_per_s", 0.0), v.connections or args.connections
+            lines.append(
+                f"| {v.name} | {conns} | {r['rps']:.0f} | {done:.0f} | {rate:.0f} | {done / rate:.2f} "
+                f"| {r.get('mean_batch', 0):.1f} "
+                f"| {r.get('embed_cpu_ms_per_text', 0):.2f} | {r['raw_cpu_ms_per_text']:.2f} "
+                f"| {r.get('embed_shed', 0):.0f} | {r.get('skip_embed_shed', 0):.0f} "
+                f"| {r.get('skip_embed_error', 0):.0f} |"
+            )
         one = by_name.get("gate: every stage, misses, semantic minilm")
         two = by_name.get("gate: every stage, misses, semantic minilm, 2 workers")
         if one and two and one.get("embedded_per_s"):
@@ -498,21 +556,30 @@ def main(argv: list[str] | None = None) -> int:
         for v in VARIANTS
         if not args.only or v.name == NOOP or any(o in v.name or o == v.group for o in args.only)
     ]
-    raw: dict[str, float] = {}
-    for name in sorted({v.embedder for v in chosen if v.embedder}):
-        raw[name] = raw_embedder_rate(name, min(args.duration, 5))
-        print(f"raw embedder {name}: {raw[name]:.0f} texts/s", flush=True)
     rows: list[tuple[Variant, dict[str, float]]] = []
     for variant in chosen:
+        raws: list[tuple[float, float]] = []
+        if variant.embedder:  # around its variant: the shared machine's load drifts within a run
+            raws.append(raw_embedder_rate(variant.embedder, min(args.duration, 5)))
         with tempfile.TemporaryDirectory(prefix="llm-gate-bench-") as tmp:
             r = run_variant(variant, Path(tmp), args)
+        if variant.embedder:
+            raws.append(raw_embedder_rate(variant.embedder, min(args.duration, 5)))
+            r["raw"] = sum(rate for rate, _ in raws) / len(raws)
+            r["raw_cpu_ms_per_text"] = sum(ms for _, ms in raws) / len(raws)
+            print(
+                f"raw embedder {variant.embedder}: "
+                + ", ".join(f"{rate:.0f}" for rate, _ in raws)
+                + " texts/s (before, after)",
+                flush=True,
+            )
         rows.append((variant, r))
         print(
             f"{variant.name:55s} {r['rps']:7.0f} req/s  p50 {r['p50']:6.2f} ms  p99 {r['p99']:6.2f} ms  "
             f"ext_proc CPU {r['cpu_ms_per_req']:.3f} ms/req  non-2xx {r['errors']:.0f}",
             flush=True,
         )
-    text = report(rows, raw, args)
+    text = report(rows, args)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(text)
     print("\n" + text + f"\nwritten to {args.out}")

@@ -200,10 +200,9 @@ def decision_cost(emb: OnnxEmbedder, policy: Policy) -> str:
         took.append(time.perf_counter() - t0)
     ms = np.array(took) * 1000
     texts = sorted({t for p in pairs[:64] for t in p})
-    reader = emb.token_reader()
     t0 = time.perf_counter()
     for t in texts:
-        reader.read([t])
+        emb.embed_with_states([t])
     per_text = (time.perf_counter() - t0) / len(texts) * 1000
     t0 = time.perf_counter()
     for t in texts:

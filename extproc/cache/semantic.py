@@ -7,7 +7,6 @@ extproc.embed and extproc.dedup; this module only finds the best candidates and 
 from __future__ import annotations
 
 import asyncio
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -17,6 +16,7 @@ import numpy as np
 from ..dedup.align import alignment
 from ..dedup.decide import Decision, Policy, decide
 from ..dedup.lang import language
+from ..embed.token_states import TokenStates, TokenStatesCache
 from .lsh import Lsh, choose
 
 
@@ -30,49 +30,18 @@ class AsyncEmbedder(Protocol):
 
 
 Decide = Callable[..., Decision]  # (query, candidate, cosine, policy[, align]) -> Decision
-States = tuple[tuple[str, ...], np.ndarray]
 
 
-class TokenReader(Protocol):
-    def read(self, texts: list[str]) -> tuple[np.ndarray, Sequence[object]]: ...
-
-
-class TokenStatesCache:
-    """Token states per text (for the verifier's alignment features), least recently used out.
-
-    ``OnnxEmbedder.token_reader()`` runs the embedder's graph with its hidden state exposed; a
-    text read once (the query, a cached prompt) is not read again while it stays in the cache.
-    """
-
-    def __init__(self, reader: TokenReader, size: int = 4096) -> None:
-        self.reader = reader
-        self.size = size
-        self._lru: OrderedDict[str, States] = OrderedDict()
-        self.reads = 0
-
-    def get(self, text: str) -> States:
-        hit = self._lru.get(text)
-        if hit is None:
-            self.warm_sync([text])
-            hit = self._lru[text]
-        self._lru.move_to_end(text)
-        return hit
-
-    def warm_sync(self, texts: Sequence[str]) -> None:
-        todo = [t for t in dict.fromkeys(texts) if t not in self._lru]
-        if not todo:
-            return
-        self.reads += len(todo)
-        _, states = self.reader.read(todo)
-        for t, st in zip(todo, states, strict=True):
-            self._lru[t] = (tuple(st.pieces), st.vectors)  # type: ignore[attr-defined]
-        while len(self._lru) > self.size:
-            self._lru.popitem(last=False)
-
-    async def warm(self, texts: Sequence[str]) -> None:
-        """Read the texts not yet cached, off the event loop."""
-        if any(t not in self._lru for t in texts):
-            await asyncio.to_thread(self.warm_sync, list(texts))
+def states_cache(embedder: object) -> TokenStatesCache | None:
+    """Where the matcher finds token states: the cache a batching embedder fills as it embeds,
+    or, for a bare embedder (offline tools), a new one read into on demand. None: this
+    embedder's graph gives no token states, and the semantic layer says no past the guards."""
+    cache = getattr(embedder, "states", None)
+    if isinstance(cache, TokenStatesCache):
+        return cache
+    if getattr(embedder, "reads_states", False) and callable(getattr(embedder, "embed_with_states", None)):
+        return TokenStatesCache()
+    return None
 
 
 def floor(policy: Policy) -> float | None:
@@ -109,10 +78,7 @@ class Matcher:
             return None
         auto_rows, auto_bands = choose(low, recall)
         lsh = Lsh.create(embedder.dim, rows or auto_rows, bands or auto_bands, seed, center, embedder.name)
-        inner = getattr(embedder, "inner", embedder)  # a BatchingEmbedder wraps the model's embedder
-        reader = getattr(inner, "token_reader", None)
-        tokens = TokenStatesCache(reader()) if callable(reader) else None
-        return cls(embedder, policy, lsh, max_candidates, tokens=tokens)
+        return cls(embedder, policy, lsh, max_candidates, tokens=states_cache(embedder))
 
     def skip_reason(self, text: str) -> str | None:
         """Why this text must not take the semantic path (cheap checks, before any embedding)."""
@@ -138,17 +104,52 @@ class Matcher:
         return [(candidates[i][0], float(cosines[i])) for i in order if cosines[i] >= low]
 
     async def warm(self, texts: Sequence[str]) -> None:
-        """Optional: read token states for the query and its candidates off the event loop
-        before ``same`` (which otherwise reads any missing ones inline)."""
-        if self.tokens is not None:
-            await self.tokens.warm(texts)
+        """Token states for a query (``texts[0]``) and its candidates, when a decision will need
+        them (past near-exact, language and guards). The query's came with its embedding; a
+        candidate this process embedded is still cached; any other is embedded once more,
+        batched with the other streams' texts, and kept. A read that is shed or fails leaves
+        the states missing, and ``same`` says no."""
+        tokens = self.tokens
+        if tokens is None or len(texts) < 2:
+            return
+        missing = [t for t in dict.fromkeys(texts) if t not in tokens]
+        if not missing or not any(self._needs_states(texts[0], c) for c in texts[1:]):
+            return
+        tokens.reads += len(missing)
+        embed = getattr(self.embedder, "embed", None)
+        if embed is not None and not hasattr(self.embedder, "embed_with_states"):
+            await asyncio.gather(*(embed(t) for t in missing), return_exceptions=True)
+        else:  # a bare embedder: read here, off the event loop
+            await asyncio.to_thread(self._read, missing)
 
     def same(self, query: str, candidate: str, cosine: float) -> Decision:
         if self.tokens is None:
             return self.decide(query, candidate, cosine, self.policy)
-        point = self.policy.languages.get(language(query))
-        if point is None or point.threshold is None or cosine < point.min_cosine:
-            return self.decide(query, candidate, cosine, self.policy)  # no verifier: no states needed
-        pa, sa = self.tokens.get(query)
-        pb, sb = self.tokens.get(candidate)
-        return self.decide(query, candidate, cosine, self.policy, alignment(pa, sa, pb, sb))
+        return self.decide(query, candidate, cosine, self.policy, lambda: self._alignment(query, candidate))
+
+    def _needs_states(self, query: str, candidate: str) -> bool:
+        """Whether deciding this pair reaches the verifier (the guards veto most pairs first)."""
+        asked: list[bool] = []
+        self.decide(query, candidate, 1.0, self.policy, lambda: asked.append(True))
+        return bool(asked)
+
+    def _alignment(self, query: str, candidate: str) -> np.ndarray | None:
+        a, b = self._states(query), self._states(candidate)
+        if a is None or b is None:
+            return None
+        return alignment(a.pieces, a.vectors, b.pieces, b.vectors)
+
+    def _states(self, text: str) -> TokenStates | None:
+        assert self.tokens is not None
+        found = self.tokens.get(text)
+        if found is None and hasattr(self.embedder, "embed_with_states"):  # a bare embedder: read inline
+            self.tokens.reads += 1
+            self._read([text])
+            found = self.tokens.get(text)
+        return found
+
+    def _read(self, texts: list[str]) -> None:
+        assert self.tokens is not None
+        _, states = self.embedder.embed_with_states(texts)  # type: ignore[attr-defined]
+        for text, st in zip(texts, states, strict=True):
+            self.tokens.put(text, st)

@@ -12,6 +12,7 @@ The caller checks ``Embedder.can_read`` before it embeds; unreadable text never 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
@@ -81,11 +82,16 @@ class Policy:
         return point is not None and point.threshold is not None
 
 
+Align = np.ndarray | Callable[[], np.ndarray | None]
+
+
 def decide(
-    query: str, candidate: str, cosine: float, policy: Policy, align: np.ndarray | None = None
+    query: str, candidate: str, cosine: float, policy: Policy, align: Align | None = None
 ) -> Decision:
-    """``align``: :func:`extproc.dedup.align.alignment` of the two prompts' token states; without
-    it the semantic layer cannot score the pair and says no."""
+    """``align``: :func:`extproc.dedup.align.alignment` of the two prompts' token states, or a
+    function that gives it, called only for a pair that reaches the verifier (most pairs are
+    settled before: their states are never needed); without it the semantic layer cannot
+    score the pair and says no."""
     if canonical(query) == canonical(candidate):
         return Decision(True, "near-exact", 1.0)
     lang = language(query)
@@ -99,6 +105,8 @@ def decide(
     vetoed = guard(query, candidate, point.swaps)
     if vetoed is not None:
         return Decision(False, f"guard:{vetoed}", 0.0)
+    if callable(align):
+        align = align()
     if align is None:
         return Decision(False, "no-states", 0.0)
     score = float(point.verifier.score(features(query, candidate, cosine, align)))

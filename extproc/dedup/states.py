@@ -59,13 +59,12 @@ def read_states(embedder: object, texts: list[str], cache: Path | None, batch: i
     missing = sorted({t for t in texts if t not in known})
     if not missing and old is not None:
         return old
-    reader = embedder.token_reader()
     t0 = time.perf_counter()
     new_vec: list[np.ndarray] = []
     new_pieces: list[tuple[str, ...]] = []
     new_tok: list[np.ndarray] = []
     for i in range(0, len(missing), batch):
-        vec, states = reader.read(missing[i : i + batch])
+        vec, states = embedder.embed_with_states(missing[i : i + batch])
         new_vec.append(vec)
         for s in states:
             new_pieces.append(s.pieces)

@@ -7,11 +7,14 @@ event loop in one callback, and take the next batch at once: a thread does not w
 loop to dispatch the previous results, and with two or more workers the next batch forms
 and runs while the previous one is still running.
 
-Shedding. The queue is bounded: a text that finds ``max_queue`` texts waiting, or whose wait
-(texts ahead at the measured throughput) would already pass ``timeout_s``, raises
-``EmbedShedError`` at once, so the caller takes the exact path now instead of after the time-out.
-A text still unanswered at ``timeout_s`` is dropped from the queue and raises ``EmbedShedError``
-too. Every shed is counted (``stats.shed`` by reason, and ``on_shed`` for metrics).
+Shedding. ``timeout_s`` is the caller's budget; the embedder gives up at ``GIVE_UP`` of it, so
+that its own shed, not the caller's time box of the same length, ends the wait and says why.
+The queue is bounded: a text that finds ``max_queue`` texts waiting, or whose wait (texts ahead
+at the measured throughput) would already pass the budget, raises ``EmbedShedError`` at once,
+so the caller takes the exact path now instead of after the time-out. A worker forming a batch
+sheds the texts it could no longer finish in time (no model time spent on an answer nobody
+waits for), and a text still unanswered at the budget is dropped from the queue. Every shed
+raises ``EmbedShedError`` and is counted (``stats.shed`` by reason, and ``on_shed`` for metrics).
 """
 
 from __future__ import annotations
@@ -28,8 +31,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .encoder import Embedder
+from .token_states import TokenStates, TokenStatesCache
 
 SHED_REASONS = ("queue_full", "late", "timeout")
+GIVE_UP = 0.9  # of the caller's budget: the embedder's shed comes first, with its reason
 
 
 class EmbedShedError(Exception):
@@ -39,6 +44,16 @@ class EmbedShedError(Exception):
         super().__init__(f"embedding shed ({reason}, estimated wait {wait_s * 1000:.0f} ms)")
         self.reason = reason
         self.wait_s = wait_s
+
+
+def name_native_thread(name: str) -> None:
+    """Give the running thread its name in the OS too (Linux: 15 bytes), so ``top -H`` and a
+    benchmark reading /proc see the embedding threads apart from the event loop."""
+    with contextlib.suppress(Exception):
+        import ctypes
+
+        libc = ctypes.CDLL(None)
+        libc.prctl(15, name.encode()[:15], 0, 0, 0)  # PR_SET_NAME
 
 
 def available_cores() -> int:
@@ -96,6 +111,7 @@ class _Item:
     future: asyncio.Future[np.ndarray]
     loop: asyncio.AbstractEventLoop
     queued: float
+    deadline: float | None  # when the embedder gives up on it
     abandoned: bool = False  # set on the loop when the caller left; the workers skip it
 
 
@@ -119,6 +135,8 @@ class BatchingEmbedder:
         on_batch: Callable[[BatchReport], None] | None = None,
         on_shed: Callable[[str], None] | None = None,
         clock: Callable[[], float] = time.perf_counter,
+        states_bytes: int = 64 << 20,
+        backlog: int | None = None,
     ) -> None:
         self.inner = inner
         self.name = inner.name
@@ -127,7 +145,11 @@ class BatchingEmbedder:
         self.window_s = window_s
         self.workers = workers or default_workers()
         self.max_queue = max_queue
+        # Texts waiting before a second batch runs beside the first: below it they wait for the
+        # running batch to end and go together (a batch of 1-2 costs up to twice as much per text).
+        self.backlog = backlog if backlog is not None else max(2, max_batch // 4)
         self.timeout_s = timeout_s
+        self._budget_s = None if timeout_s is None else timeout_s * GIVE_UP
         self.stats = BatchStats()
         self._on_batch = on_batch
         self._on_shed = on_shed
@@ -138,6 +160,12 @@ class BatchingEmbedder:
         self._running = 0  # texts in batches being computed
         self._per_text_s: float | None = None  # EWMA of one worker's inference time per text
         self._closed = False
+        # Token states of what was embedded, from the same forward pass (the dedup verifier's).
+        read = getattr(inner, "embed_with_states", None) if getattr(inner, "reads_states", False) else None
+        self._read: Callable[[list[str]], tuple[np.ndarray, list[TokenStates]]] | None = (
+            read if states_bytes > 0 else None
+        )
+        self.states = TokenStatesCache(states_bytes) if self._read is not None else None
 
     def can_read(self, text: str) -> bool:
         return self.inner.can_read(text)
@@ -148,24 +176,25 @@ class BatchingEmbedder:
 
     async def embed(self, text: str) -> np.ndarray:
         loop = asyncio.get_running_loop()
-        item = _Item(text, loop.create_future(), loop, self._clock())
+        now, budget = self._clock(), self._budget_s
+        item = _Item(text, loop.create_future(), loop, now, None if budget is None else now + budget)
         with self._cond:
             ahead = len(self._pending)
             wait = estimated_wait(ahead, self._running, self.workers, self._per_text_s)
             if ahead >= self.max_queue:
                 raise self._shed("queue_full", wait)
-            if self.timeout_s is not None and wait > self.timeout_s:
+            if budget is not None and wait > budget:
                 raise self._shed("late", wait)
             self._pending.append(item)
             self._cond.notify()
         self._ensure_started()
         try:
-            if self.timeout_s is None:
+            if budget is None:
                 return await item.future
-            async with asyncio.timeout(self.timeout_s):
+            async with asyncio.timeout(budget):
                 return await asyncio.shield(item.future)
         except TimeoutError:
-            raise self._shed("timeout", self.timeout_s or 0.0) from None
+            raise self._shed("timeout", budget or 0.0) from None
         except asyncio.CancelledError:
             if self.timeout_s is not None and self._clock() - item.queued >= 0.9 * self.timeout_s:
                 self._shed("timeout", self.timeout_s)  # the caller's own time box of the same length
@@ -174,6 +203,11 @@ class BatchingEmbedder:
             if not item.future.done() or item.future.cancelled():
                 item.abandoned = True  # cancelled or timed out: not worth computing
                 item.future.cancel()
+
+    def _late(self, item: _Item, wait_s: float) -> None:
+        """On the loop: a text a worker dropped because its answer would come too late."""
+        if not item.future.done():
+            item.future.set_exception(self._shed("late", wait_s))
 
     def _shed(self, reason: str, wait_s: float) -> EmbedShedError:
         self.stats.shed[reason] = self.stats.shed.get(reason, 0) + 1
@@ -217,15 +251,34 @@ class BatchingEmbedder:
         """The next batch (None when closing); waits for work, and `window_s` for company."""
         with self._cond:
             while not self._closed:
+                if self._running and len(self._pending) < self.backlog:
+                    self._cond.wait()  # another batch runs: let this one grow meanwhile
+                    continue
                 batch = self._drain([])
                 if len(batch) == 1 and self.window_s > 0 and self._running == 0:
                     self._cond.wait(self.window_s)
                     batch = self._drain(batch)
+                batch = self._drop_late(batch)
                 if batch:
                     self._running += len(batch)
                     return batch
-                self._cond.wait()
+                if not self._pending:
+                    self._cond.wait()
             return None
+
+    def _drop_late(self, batch: list[_Item]) -> list[_Item]:
+        """The batch without the texts it would finish after their deadline (shed on their loop)."""
+        if self._per_text_s is None or self._budget_s is None:
+            return batch
+        done_at = self._clock() + self._per_text_s * len(batch)
+        kept: list[_Item] = []
+        for item in batch:
+            if item.deadline is not None and done_at > item.deadline:
+                with contextlib.suppress(RuntimeError):  # that loop is closed: nobody waits
+                    item.loop.call_soon_threadsafe(self._late, item, done_at - item.queued)
+            else:
+                kept.append(item)
+        return kept
 
     def _drain(self, batch: list[_Item]) -> list[_Item]:
         while len(batch) < self.max_batch and self._pending:
@@ -235,12 +288,17 @@ class BatchingEmbedder:
         return batch
 
     def _work(self) -> None:
+        name_native_thread(threading.current_thread().name)
         while (batch := self._take()) is not None:
             start = self._clock()
             vectors: np.ndarray | None = None
+            states: list[TokenStates] | None = None
             error: BaseException | None = None
             try:
-                vectors = self.inner.embed_sync([i.text for i in batch])
+                if self._read is not None:
+                    vectors, states = self._read([i.text for i in batch])
+                else:
+                    vectors = self.inner.embed_sync([i.text for i in batch])
             except Exception as exc:
                 error = exc
             infer_s = self._clock() - start
@@ -258,18 +316,22 @@ class BatchingEmbedder:
             for loop, rows in by_loop.items():
                 mine = [batch[n] for n in rows]
                 part = None if vectors is None else vectors[rows]
+                held = None if states is None else [states[n] for n in rows]
                 with contextlib.suppress(RuntimeError):  # that loop is closed: nobody waits for these
-                    loop.call_soon_threadsafe(self._deliver, mine, part, error, report if first else None)
+                    loop.call_soon_threadsafe(
+                        self._deliver, mine, part, held, error, report if first else None
+                    )
                 first = False
 
     def _deliver(
         self,
         items: list[_Item],
         vectors: np.ndarray | None,
+        states: list[TokenStates] | None,
         error: BaseException | None,
         report: BatchReport | None,
     ) -> None:
-        """On the loop: one callback per batch hands every caller its row."""
+        """On the loop: one callback per batch keeps the token states and hands every caller its row."""
         if report is not None:
             if error is None:
                 self.stats.add(report)
@@ -277,6 +339,9 @@ class BatchingEmbedder:
                     self._on_batch(report)
             else:
                 self.stats.errors += 1
+        if states is not None and self.states is not None:
+            for item, st in zip(items, states, strict=True):
+                self.states.put(item.text, st)
         for n, item in enumerate(items):
             if item.future.done():
                 continue

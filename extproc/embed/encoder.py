@@ -15,6 +15,7 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
+from .token_states import TokenStates, hidden_output, split_states
 from .tokenize import E5Pieces, Encoded, HFTokenizer
 
 
@@ -54,7 +55,13 @@ class ReadPolicy:
 
 
 class OnnxEmbedder:
-    """A sentence encoder in ONNX. Thread-safe: ``session.run`` may be called concurrently."""
+    """A sentence encoder in ONNX. Thread-safe: ``session.run`` may be called concurrently.
+
+    One session serves both the sentence vectors and, when the graph has a mean-pooled hidden
+    state (every built model does), the token states behind them: ``embed_with_states`` asks
+    the same forward pass for both outputs, so the verifier's alignment features cost no
+    second model run.
+    """
 
     def __init__(
         self,
@@ -76,7 +83,8 @@ class OnnxEmbedder:
         so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
         so.log_severity_level = 3
         so.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        self._session = ort.InferenceSession(str(model_file), so, providers=["CPUExecutionProvider"])
+        graph, self._hidden = _with_hidden_output(model_file)
+        self._session = ort.InferenceSession(graph, so, providers=["CPUExecutionProvider"])
         self._inputs = {i.name for i in self._session.get_inputs()}
         out = self._session.get_outputs()[0]
         self._output = out.name
@@ -88,10 +96,15 @@ class OnnxEmbedder:
         self.max_batch = max_batch
         self.threads = threads
         self.model_file = model_file
-        self._token_reader: TokenReader | None = None
+        self._skip = 1 + _prefix_pieces(self)  # [bos]/[CLS] and the prefix's pieces
         self.dim = (
             int(out.shape[-1]) if isinstance(out.shape[-1], int) else int(self.embed_sync(["x"]).shape[1])
         )
+
+    @property
+    def reads_states(self) -> bool:
+        """Whether ``embed_with_states`` can give token states (a graph with a pooled hidden state)."""
+        return self._hidden is not None
 
     def encode(self, text: str) -> Encoded:
         return self.tokenizer.encode(self.prefix + text)
@@ -108,17 +121,26 @@ class OnnxEmbedder:
 
     def embed_sync(self, texts: list[str]) -> np.ndarray:
         """L2-normalised float32 rows, one per text; each row independent of its batch."""
+        return self._embed(texts, False)[0]
+
+    def embed_with_states(self, texts: list[str]) -> tuple[np.ndarray, list[TokenStates]]:
+        """``embed_sync``'s rows and every text's token states, from the same forward pass."""
+        if self._hidden is None:
+            raise ValueError(f"{self.name}: the graph has no pooled hidden state to read token states from")
+        vectors, states = self._embed(texts, True)
+        return vectors, [s for s in states if s is not None]
+
+    def _embed(self, texts: list[str], with_states: bool) -> tuple[np.ndarray, list[TokenStates | None]]:
         encoded = [self.encode(t).ids for t in texts]
         out = np.empty((len(texts), self.dim), dtype=np.float32)
+        states: list[TokenStates | None] = [None] * len(texts)
         for chunk in plan_batches([len(e) for e in encoded], self.max_batch):
-            out[chunk] = self._run([encoded[i] for i in chunk])
-        return out
-
-    def token_reader(self) -> TokenReader:
-        """Embeddings plus token states from one forward pass (a second session, built on first use)."""
-        if self._token_reader is None:
-            self._token_reader = TokenReader(self, self.model_file)
-        return self._token_reader
+            batch = [encoded[i] for i in chunk]
+            out[chunk], hidden = self._run(batch, with_states)
+            if hidden is not None:
+                for i, st in zip(chunk, split_states(hidden, batch, self._skip, self._spell), strict=True):
+                    states[i] = st
+        return out, states
 
     def feed(self, batch: list[list[int]]) -> tuple[dict[str, np.ndarray], np.ndarray]:
         """The model's inputs for a batch of token ids, padded, and the attention mask."""
@@ -133,14 +155,19 @@ class OnnxEmbedder:
             feed["token_type_ids"] = np.zeros_like(ids)
         return feed, mask
 
-    def _run(self, batch: list[list[int]]) -> np.ndarray:
+    def _run(self, batch: list[list[int]], with_states: bool = False) -> tuple[np.ndarray, np.ndarray | None]:
         feed, mask = self.feed(batch)
-        y = np.asarray(self._session.run([self._output], feed)[0], dtype=np.float32)
+        names = [self._output, self._hidden] if with_states and self._hidden else [self._output]
+        got = self._session.run(names, feed)
+        y = np.asarray(got[0], dtype=np.float32)
         if y.ndim == 3:
             y = pool(y, mask, self.pooling)
         norm = np.maximum(np.linalg.norm(y, axis=1, keepdims=True), 1e-12)
         out: np.ndarray = (y / norm).astype(np.float32)
-        return out
+        return out, (got[1] if len(got) > 1 else None)
+
+    def _spell(self, ids: Sequence[int]) -> list[str]:
+        return _piece_texts(self.tokenizer, ids)
 
 
 def pool(hidden: np.ndarray, mask: np.ndarray, how: str) -> np.ndarray:
@@ -176,27 +203,21 @@ def plan_batches(lengths: Sequence[int], max_batch: int, max_waste: float = 0.3)
 # ----------------------------------------------------------------------------- token states
 
 
-@dataclass(frozen=True)
-class TokenStates:
-    """One text's last-layer token vectors (L2-normalised rows), specials and prefix dropped,
-    with the pieces they stand for (``▁how`` / ``##ing`` as the tokenizer spells them)."""
+def _with_hidden_output(model_file: Path) -> tuple[str | bytes, str | None]:
+    """The graph to run, with its mean-pooled hidden state as a second output when it has one
+    (else the file as it is, and None)."""
+    import onnx
 
-    pieces: tuple[str, ...]
-    vectors: np.ndarray  # float32 [len(pieces), dim]
-
-
-def hidden_output(model: object) -> str:
-    """The name of the tensor the graph mean-pools: the last LayerNormalization output that a
-    ``Mul`` by the (unsqueezed) attention mask consumes."""
-    graph = model.graph  # type: ignore[attr-defined]
-    produced_by = {out: node for node in graph.node for out in node.output}
-    for node in reversed(list(graph.node)):
-        if node.op_type != "Mul" or not node.input:
-            continue
-        src = produced_by.get(node.input[0])
-        if src is not None and src.op_type == "LayerNormalization":
-            return str(node.input[0])
-    raise ValueError("no pooled hidden state found in the graph")
+    model = onnx.load(str(model_file))
+    try:
+        hidden = hidden_output(model)
+    except ValueError:
+        return str(model_file), None
+    if hidden not in {o.name for o in model.graph.output}:
+        model.graph.output.append(
+            onnx.helper.make_tensor_value_info(hidden, onnx.TensorProto.FLOAT, ["batch", "seq", "hidden"])
+        )
+    return model.SerializeToString(), hidden
 
 
 def _piece_texts(tokenizer: E5Pieces | HFTokenizer, ids: Sequence[int]) -> list[str]:
@@ -214,55 +235,3 @@ def _prefix_pieces(embedder: OnnxEmbedder) -> int:
     a, b = embedder.encode("apple").ids, embedder.encode("zebra").ids
     common = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
     return max(common - 1, 0)
-
-
-class TokenReader:
-    """The same ONNX graph with its pre-pooling hidden state exposed as a second output.
-
-    ``read(texts)`` returns the sentence embeddings (identical to ``OnnxEmbedder.embed_sync``)
-    and every text's token states from the same forward pass: alignment features for the
-    dedup verifier cost no extra model run. ``embed`` itself stays on its own session.
-    """
-
-    def __init__(self, embedder: OnnxEmbedder, model_file: Path) -> None:
-        import onnx
-        import onnxruntime as ort
-
-        model = onnx.load(str(model_file))
-        self.hidden = hidden_output(model)
-        dim = embedder.dim
-        model.graph.output.append(
-            onnx.helper.make_tensor_value_info(self.hidden, onnx.TensorProto.FLOAT, ["batch", "seq", dim])
-        )
-        so = ort.SessionOptions()
-        so.intra_op_num_threads = embedder.threads
-        so.inter_op_num_threads = 1
-        so.log_severity_level = 3
-        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        self._session = ort.InferenceSession(
-            model.SerializeToString(), so, providers=["CPUExecutionProvider"]
-        )
-        self._emb = embedder
-        self._prefix = _prefix_pieces(embedder)
-
-    def read(self, texts: list[str]) -> tuple[np.ndarray, list[TokenStates]]:
-        emb = self._emb
-        encoded = [emb.encode(t).ids for t in texts]
-        vectors = np.empty((len(texts), emb.dim), dtype=np.float32)
-        states: list[TokenStates | None] = [None] * len(texts)
-        for chunk in plan_batches([len(e) for e in encoded], emb.max_batch):
-            batch = [encoded[i] for i in chunk]
-            feed, _ = emb.feed(batch)
-            pooled, hidden = self._session.run([emb._output, self.hidden], feed)
-            y = np.asarray(pooled, dtype=np.float32)
-            vectors[chunk] = y / np.maximum(np.linalg.norm(y, axis=1, keepdims=True), 1e-12)
-            h = np.asarray(hidden, dtype=np.float32)
-            for row, i in enumerate(chunk):
-                seq = batch[row]
-                lo, hi = 1 + self._prefix, len(seq) - 1  # drop [bos]/[CLS], prefix, [eos]/[SEP]
-                tok = h[row, lo:hi]
-                tok = tok / np.maximum(np.linalg.norm(tok, axis=1, keepdims=True), 1e-12)
-                states[i] = TokenStates(
-                    tuple(_piece_texts(emb.tokenizer, seq[lo:hi])), tok.astype(np.float32)
-                )
-        return vectors, [s for s in states if s is not None]

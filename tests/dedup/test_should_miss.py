@@ -63,8 +63,7 @@ def test_guards_refuse_even_at_cosine_one(lang: str, kind: str, a: str, b: str) 
 
 
 def _judge(emb: OnnxEmbedder, policy: Policy, a: str, b: str) -> Decision:
-    reader = emb.token_reader()
-    (va, vb), (sa, sb) = reader.read([a, b])
+    (va, vb), (sa, sb) = emb.embed_with_states([a, b])
     return decide(
         a, b, float(np.dot(va, vb)), policy, alignment(sa.pieces, sa.vectors, sb.pieces, sb.vectors)
     )

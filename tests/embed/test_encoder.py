@@ -90,7 +90,7 @@ def test_generic_onnx_loader(model_dir: Path) -> None:
 def test_token_states_ride_on_the_same_forward_pass(name: str, request: pytest.FixtureRequest) -> None:
     emb: OnnxEmbedder = request.getfixturevalue(name)
     texts = ["How do I reset my password?", "what is the capital of France", "x " * 30]
-    vectors, states = emb.token_reader().read(texts)
+    vectors, states = emb.embed_with_states(texts)
     assert np.abs(vectors - emb.embed_sync(texts)).max() < 1e-5  # the same embeddings
     first = states[0]
     assert len(first.pieces) == first.vectors.shape[0] and first.vectors.shape[1] == emb.dim
@@ -102,7 +102,7 @@ def test_token_states_ride_on_the_same_forward_pass(name: str, request: pytest.F
 def test_token_states_tell_a_synonym_from_a_change(e5: OnnxEmbedder) -> None:
     from extproc.dedup.align import alignment
 
-    _, (a, syn, other) = e5.token_reader().read(
+    _, (a, syn, other) = e5.embed_with_states(
         [
             "How do I fix a broken screen?",
             "How do I repair a broken screen?",
