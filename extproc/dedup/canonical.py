@@ -94,12 +94,19 @@ def canonical(text: str) -> str:
         line = shorter
 
 
+def _without_sentence_punct(line: str) -> str:
+    """Until none is left: dropping one mark can put another before a space or the end (".·")."""
+    while (shorter := _SENTENCE_PUNCT.sub(" ", line)) != line:
+        line = shorter
+    return line
+
+
 def _canonical(text: str) -> str:
     text = _nfkc(text.translate(_INVISIBLE)).translate(_APOSTROPHES).translate(_QUOTES)
     text = _nfkc(text.casefold())
     lines = []
     for line in text.replace("\r\n", "\n").replace("\r", "\n").split("\n"):
-        line = _QUESTION.sub("?", _SENTENCE_PUNCT.sub(" ", line))
+        line = _QUESTION.sub("?", _without_sentence_punct(line))
         line = _INNER_SPACE.sub(" ", line).rstrip()
         line = _CJK_GAP.sub("", line)
         if line.strip():

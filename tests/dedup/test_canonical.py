@@ -4,7 +4,7 @@ import re
 import unicodedata
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from extproc.dedup import canonical
@@ -52,6 +52,7 @@ words = st.lists(
 
 
 @given(text)
+@example(".·")  # dropping the CJK mark put the full stop at the end
 def test_idempotent(t: str) -> None:
     assert canonical(canonical(t)) == canonical(t)
 
