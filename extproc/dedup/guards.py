@@ -137,22 +137,23 @@ def _zh_value(s: str) -> float:
 
 def numbers(text: str) -> Counter[str]:
     """Numbers in the text as written (3.10 is not 3.1: versions), thousands separators dropped;
-    Chinese numerals and English number words as their integer value. One is not counted."""
+    Chinese numerals and English number words as their integer value. One in words is not
+    counted ("一个人", "one of"): it is the article, not a quantity; a digit 1 is ("number 1")."""
     t = canonical(text)
+    words: Counter[str] = Counter()
+    for m in _ZH_NUM.finditer(_ZH_NOT_NUMBER.sub(" ", t)):
+        words[_value_text(_zh_value(m.group()))] += 1
+    for w in _WORD.findall(t):
+        if w in _EN_NUMS:
+            words[_value_text(_EN_NUMS[w])] += 1
+    del words["1"]
     found: Counter[str] = Counter()
     for m in _ARABIC.finditer(t):
         raw = m.group()
         if re.fullmatch(r"\d{1,3}(?:,\d{3})+(?:\.\d+)?", raw):
             raw = raw.replace(",", "")
         found[raw] += 1
-    for m in _ZH_NUM.finditer(_ZH_NOT_NUMBER.sub(" ", t)):
-        found[_value_text(_zh_value(m.group()))] += 1
-    for w in _WORD.findall(t):
-        if w in _EN_NUMS:
-            found[_value_text(_EN_NUMS[w])] += 1
-    for one in ("1", "01", "1.0"):
-        del found[one]  # "一个人" / "a person" / "1 person": one is the article, not a quantity
-    return found
+    return found + words
 
 
 def _value_text(value: float) -> str:

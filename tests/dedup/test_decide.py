@@ -139,3 +139,16 @@ def test_policy_file_argument(tmp_path: Path) -> None:
     src = json.loads(shipped_policy_file().read_text(encoding="utf-8"))
     (tmp_path / "p.json").write_text(json.dumps(src), encoding="utf-8")
     assert load_policy("e5-small", path=tmp_path / "p.json").embedder == "e5-small"
+
+
+@pytest.mark.parametrize(
+    ("a", "b"),
+    [
+        ("Question number 2 about billing", "Question number 1 about billing"),
+        ("What is in chapter 1?", "What is in chapter 3?"),
+        ("第1章讲了什么", "第2章讲了什么"),
+    ],
+)
+def test_a_digit_one_is_a_number_that_differs(a: str, b: str) -> None:
+    """"One" in words is the article ("一个人", "one of"); the digit 1 is a value like any other."""
+    assert guard(a, b) == "number" and guard(b, a) == "number"
