@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from importlib import metadata
 from pathlib import Path
 
-from .config import Config, ConfigError, load_config
+from .config import Config, ConfigError, load_config, load_config_or_report
 
 # Commands whose own module parses the rest of the line (`llm-gate NAME --help` shows its flags).
 DELEGATED = (
@@ -34,12 +33,10 @@ def version() -> str:
 
 
 def _load(path: Path | None) -> Config:
-    try:
-        return load_config(path)
-    except ConfigError as exc:
-        for problem in exc.problems:
-            print(problem, file=sys.stderr)
-        raise SystemExit(2) from None
+    config = load_config_or_report(path)
+    if config is None:
+        raise SystemExit(2)
+    return config
 
 
 def cmd_serve(args: argparse.Namespace) -> int:

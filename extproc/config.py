@@ -6,6 +6,7 @@ Every threshold has a default, so an empty file is a working embedded gate.
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 from typing import Literal
 
@@ -391,3 +392,12 @@ def load_config(path: Path | None) -> Config:
     if path is None:
         return Config()
     return parse_config(path.read_text(encoding="utf-8"), str(path))
+
+
+def load_config_or_report(path: Path | None) -> Config | None:
+    """The config for a command line tool; None after printing its problems to stderr."""
+    try:
+        return load_config(path)
+    except ConfigError as exc:
+        print("\n".join(exc.problems), file=sys.stderr)
+        return None

@@ -20,7 +20,7 @@ from typing import Any
 import orjson
 import redis.asyncio as aioredis
 
-from ..config import Config, ConfigError, load_config
+from ..config import Config, load_config_or_report
 from . import shared
 from .state import BreakerState, Phase
 from .window import Window, summarize
@@ -102,10 +102,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", type=Path, help="the gates' YAML config (pools, breaker settings)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
-    try:
-        config = load_config(args.config)
-    except ConfigError as exc:
-        print("\n".join(exc.problems), file=sys.stderr)
+    config = load_config_or_report(args.config)
+    if config is None:
         return 2
     args.redis = args.redis or config.store.redis_url
     if not args.redis:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import redis.asyncio as aioredis
 
-from ..config import ConfigError, load_config
+from ..config import load_config_or_report
 from .redis_store import RedisStore
 from .store import Store
 
@@ -48,11 +48,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--key takes the x-gate-cache-key header value: <scope>.<key>")
     url = args.redis_url
     if url is None:
-        try:
-            url = load_config(args.config).store.redis_url
-        except ConfigError as exc:
-            print("\n".join(exc.problems), file=sys.stderr)
+        config = load_config_or_report(args.config)
+        if config is None:
             return 2
+        url = config.store.redis_url
     if url is None:
         print("no store.redis_url: the in-process cache lives in each gate process; restarting the gate "
               "empties it", file=sys.stderr)

@@ -20,7 +20,7 @@ from typing import Any
 import orjson
 import redis.asyncio as aioredis
 
-from ..config import Config, ConfigError, load_config
+from ..config import Config, load_config_or_report
 from ..dedup.selfcheck import verdict
 from .bins import BinStore, RedisBins
 
@@ -85,11 +85,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--redis", help="Redis URL (default: the config's store.redis_url)")
     p.add_argument("--json", action="store_true", help="one JSON object per bin")
     args = p.parse_args(argv)
-    try:
-        config = load_config(args.config)
-    except ConfigError as exc:
-        for problem in exc.problems:
-            print(problem, file=sys.stderr)
+    config = load_config_or_report(args.config)
+    if config is None:
         return 2
     return asyncio.run(_run(args, config))
 

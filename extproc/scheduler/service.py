@@ -7,12 +7,11 @@ import asyncio
 import logging
 import math
 import signal
-import sys
 from pathlib import Path
 
 import grpc
 
-from ..config import Config, ConfigError, load_config
+from ..config import Config, load_config_or_report
 from ..metrics import Metrics
 from ..tls import bind
 from .local import LocalScheduler
@@ -112,11 +111,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port", type=int, default=50061, help="gRPC port (the gates' scheduler address)")
     parser.add_argument("--metrics-port", type=int, default=0, help="Prometheus port (0 = off)")
     args = parser.parse_args(argv)
-    try:
-        config = load_config(args.config)
-    except ConfigError as exc:
-        for problem in exc.problems:
-            print(problem, file=sys.stderr)
+    config = load_config_or_report(args.config)
+    if config is None:
         return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s scheduler %(levelname)s %(message)s")
     import uvloop
