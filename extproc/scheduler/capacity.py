@@ -63,6 +63,14 @@ class Limit:
     memory_used: float = 0.0
     reading_at: float | None = None  # the reading it came from
     queued_at: float | None = None  # the last reading in which vLLM queued requests
+    # Slots the pool has been seen to run without queueing, since it last queued (None: it never
+    # queued, so no slot is in doubt). Slots above it are probes: vLLM may queue what they admit.
+    proven: int | None = None
+
+    @property
+    def probing(self) -> int:
+        """Slots of `limit` above what the pool has been seen to run without queueing."""
+        return 0 if self.proven is None else max(0, self.limit - self.proven)
 
 
 def avg_prompt_vram_gb(settings: Settings, prompt_tokens: float) -> float:
@@ -89,19 +97,32 @@ def next_limit(
     age = now - reading.at
     if age > settings.stale_after_ms / 1000:
         kept = max(1, last.limit if last is not None else settings.static_limit)
-        return Limit(kept, True, "stale", age, last.memory_used if last else 1.0, reading.at)
+        used, proven = (last.memory_used, last.proven) if last else (1.0, None)
+        return Limit(kept, True, "stale", age, used, reading.at, proven=proven)
     if last is not None and last.reading_at == reading.at and last.source == reading.source:
         return replace(last, age_s=age)  # nothing new since the last refresh
     pressure = reading.memory_used > settings.pressure_above
     batch = target_batch(settings, reading.room)
-    queued_at = None
+    queued_at = proven = None
     if reading.source == "vllm":
         previous = last if last is not None and last.source == "vllm" else None
         limit = vllm_limit(settings, reading, in_flight, previous, batch)
         queued_at = reading.at if reading.waiting > 0 else previous.queued_at if previous else None
+        proven = proven_slots(reading, previous.proven if previous else None)
     else:
         limit = in_flight + batch if reading.room > 0 else max(1, in_flight)
-    return Limit(max(1, limit), pressure, reading.source, age, reading.memory_used, reading.at, queued_at)
+    limit = max(1, limit)
+    return Limit(limit, pressure, reading.source, age, reading.memory_used, reading.at, queued_at, proven)
+
+
+def proven_slots(reading: Reading, proven: int | None) -> int | None:
+    """What the pool runs without queueing: what it ran when it last queued, raised each time it
+    is seen running more with nothing queued."""
+    if reading.waiting > 0:
+        return max(1, reading.running)
+    if proven is not None and reading.running > proven:
+        return reading.running
+    return proven
 
 
 def vllm_limit(settings: Settings, reading: Reading, in_flight: int, last: Limit | None, batch: int) -> int:

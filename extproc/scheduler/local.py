@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -194,7 +195,8 @@ class LocalScheduler:
         self.limit = limit
         effective = scaled(limit, self.factor)
         share = effective.limit if self.share >= 1 else max(1, int(effective.limit * self.share))
-        self.queue.set_capacity(share if effective.limit else 0, effective.pressure)
+        probing = min(share, math.ceil(effective.probing * min(1.0, self.share)))
+        self.queue.set_capacity(share if effective.limit else 0, effective.pressure, probing)
         m, pool = self.metrics, self.pool
         for source in SOURCES:
             m.pool_capacity.labels(pool, source).set(share if source == limit.source else 0)

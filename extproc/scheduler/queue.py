@@ -29,6 +29,12 @@ point where its client gives up (`answer_by_s`), is refused at once; a waiting r
 ETA grows past what is left of its deadline (the pool slowed down, higher classes arrived) is refused as
 soon as that shows (checked every `recheck_s`), not at its deadline.
 
+Probe slots. The capacity source raises the limit a step above what the pool has been seen
+to run without queueing, to find out whether it can run more (`probing` slots); a request
+admitted there may wait a whole service time inside the model server before its own. Such a
+slot goes only to a request whose client waits at least two service times (`answer_by_s`);
+the others wait for, and are estimated against, the proven slots.
+
 Reserve. While top-tier (vip) traffic flows, a few slots (`estimate.reserve_slots`) are
 open only to requests ranked in the top tier's bands (vip, or aged up to it), so a vip
 arrival finds a free slot instead of waiting for the next release. The best-ranked
@@ -163,6 +169,7 @@ class Queue:
     def __init__(self, policy: Policy | None = None, limit: int = 1) -> None:
         self.policy = policy or Policy()
         self.limit = limit
+        self.probing = 0  # the top slots of `limit` the pool may queue instead of running
         self.pressure = False
         self.waiting: dict[str, _Waiting] = {}
         self.held: dict[str, _Held] = {}
@@ -250,9 +257,10 @@ class Queue:
                 held.lease_until = now + self.policy.lease_s
         return unknown
 
-    def set_capacity(self, limit: int, pressure: bool) -> None:
+    def set_capacity(self, limit: int, pressure: bool, probing: int = 0) -> None:
         self.limit = max(0, limit)
         self.pressure = pressure
+        self.probing = min(max(0, probing), self.limit)
 
     # -- time passes ----------------------------------------------------------------------
 
@@ -279,13 +287,10 @@ class Queue:
             events += self._shed_the_late(now)
         view = self._view(now) if self.waiting else None
         while len(self.held) < self.limit and view is not None:
-            ready = [w for w in self.waiting.values() if self._eligible(w, now)]
-            if not ready:
+            best = self._next_grant(now, view)
+            if best is None:
                 break
-            best = min(ready, key=lambda w: self._key(w, now))
             band = self._key(best, now)[0]
-            if self.free(band, view) <= 0:
-                break  # only reserved slots are left, and the best-ranked may not take one
             self.cancel(best.ticket.id, now)
             lease, top = now + self.policy.lease_s, band <= TOP_BANDS
             self.held[best.ticket.id] = _Held(best.cls, best.ticket.tokens, lease, now, top)
@@ -295,16 +300,50 @@ class Queue:
             events.append(Granted(best.ticket.id, best.cls, best.ticket.cls, waited, best.demoted))
         return events
 
+    def _next_grant(self, now: float, view: _View) -> _Waiting | None:
+        """The best-ranked eligible request that may take the next slot. When only reserved
+        slots are left and it may not take one, nobody behind it may either. A probe slot goes
+        to the best-ranked request that can afford to wait in the pool's own queue."""
+        ready = [w for w in self.waiting.values() if self._eligible(w, now)]
+        if not ready:
+            return None
+        probe = len(self.held) >= self.limit - self.probing
+        ranked = (
+            sorted(ready, key=lambda w: self._key(w, now))
+            if probe
+            else [min(ready, key=lambda w: self._key(w, now))]
+        )
+        for w in ranked:
+            if self.free(self._key(w, now)[0], view) <= 0:
+                return None
+            if not probe or self._affords_probe(w, now, view.service_s):
+                return w
+        return None
+
+    def _may_take_a_slot(self, w: _Waiting, now: float, view: _View) -> bool:
+        """Whether a slot open now is one `w` may take (not reserved for others, not a probe it
+        cannot afford)."""
+        if self.free(self._key(w, now)[0], view) <= 0:
+            return False
+        return len(self.held) < self.limit - self.probing or self._affords_probe(w, now, view.service_s)
+
+    def _affords_probe(self, w: _Waiting, now: float, service_s: float | None) -> bool:
+        """A probe slot may leave the request waiting a whole service time in the pool's queue
+        before its own: only a request whose client waits that long may take one."""
+        by = w.ticket.answer_by_s
+        return by is None or service_s is None or now - w.arrived + 2 * service_s <= by
+
     def next_wakeup(self, now: float) -> float | None:
         """The next time `poll` could change something without a call in between."""
         times = [h.lease_until for h in self.held.values()]
+        view = self._view(now) if self.waiting and len(self.held) < self.limit else None
         for w in self.waiting.values():
             times.append(w.deadline_at)
             if w.cls in HIGH_CLASSES:
                 times.append(w.arrived + self.policy.max_wait_s)
             if self._service:  # something measured: ETAs can pass deadlines before the deadlines do
                 times.append(self._next_recheck)
-            if len(self.held) < self.limit:
+            if view is not None and self._may_take_a_slot(w, now, view):
                 hold = w.arrived + self.policy.pressure_hold_s if self.pressure else w.eligible_at
                 times.append(max(w.eligible_at, hold))
         later = [t for t in times if t > now]
@@ -370,8 +409,10 @@ class Queue:
         start = max(0.0, entry.eligible_at - now)
         if self.pressure:
             start = max(start, entry.arrived + self.policy.pressure_hold_s - now)
-        free = self.free(self._key(entry, now)[0], view)
-        ahead += max(0, len(self.held) - self.limit)  # the pool shrank: those releases free nothing
+        # Slots it may take: all of the pool's, or only the proven ones when it cannot afford a probe.
+        usable = self.limit if self._affords_probe(entry, now, view.service_s) else self.limit - self.probing
+        free = max(0, min(self.free(self._key(entry, now)[0], view), usable - len(self.held)))
+        ahead += max(0, len(self.held) - usable)  # the pool shrank: those releases free nothing
         behind_slots = ahead + 1 - free
         if behind_slots <= 0:
             return start

@@ -217,3 +217,33 @@ def test_nvml_for_real_when_a_gpu_is_present() -> None:
     reading = nvml_reading(settings, nvml, 300, 0.0)
     assert 0.0 < reading.memory_used <= 1.0
     assert next_limit(settings, reading, 0, None, 0.0).limit >= 1
+
+
+PROVEN_CASES = [
+    ("never queued: no slot in doubt", vllm(4, 0, 0.2), 4, LAST4, (6, None, 0)),
+    ("queues: what it runs is proven", vllm(4, 3, 0.2), 9, LAST4, (4, 4, 0)),
+    (
+        "a probe a step above what it ran when it queued",
+        vllm(4, 0, 0.2),
+        4,
+        replace(LAST4, proven=4),
+        (6, 4, 2),
+    ),
+    (
+        "ran more with nothing queued: proven rises",
+        vllm(5, 0, 0.2),
+        5,
+        replace(LAST4, limit=6, proven=4),
+        (6, 5, 1),
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("case", "reading", "in_flight", "last", "expected"), PROVEN_CASES, ids=[c[0] for c in PROVEN_CASES]
+)
+def test_slots_above_what_the_pool_ran_without_queueing_are_probes(
+    case: str, reading: Reading, in_flight: int, last: Limit, expected: tuple[int, int | None, int]
+) -> None:
+    got = next_limit(S, reading, in_flight, last, 0.0)
+    assert (got.limit, got.proven, got.probing) == expected

@@ -206,3 +206,41 @@ def test_a_request_whose_answer_would_reach_its_client_too_late_is_refused() -> 
     assert shed == "impatient"
     assert not refused(q.offer(Ticket("patient", "vip", deadline_s=10.0, answer_by_s=10.0), now))
     assert not refused(q.offer(Ticket("unknown", "vip", deadline_s=10.0), now))
+
+
+def test_a_probe_slot_goes_only_to_a_request_whose_client_waits_two_service_times() -> None:
+    """6 slots, of which the pool has been seen to run 4 without queueing: slots 5 and 6 are
+    probes, where the model server may queue a request for a whole service time (3.3 s) before
+    running it. A client that gives up after 5 s must not be put there: it is refused at once
+    (the next proven slot comes in 3.3 s); one that waits 10 s takes the probe slot."""
+    q = Queue(NO_WINDOWS, limit=4)
+    now = warm(q, "vip", 4, 3.3)
+    for i in range(4):
+        assert granted(q.offer(Ticket(f"run{i}", "vip", answer_by_s=5.0), now)) == [f"run{i}"]
+    q.set_capacity(6, pressure=False, probing=2)
+    assert refused(q.offer(Ticket("impatient", "vip", deadline_s=10.0, answer_by_s=5.0), now)) == {
+        "impatient": "deadline"
+    }
+    assert granted(q.offer(Ticket("patient", "vip", deadline_s=10.0, answer_by_s=10.0), now)) == ["patient"]
+    assert granted(q.offer(Ticket("unknown", "vip", deadline_s=10.0), now)) == ["unknown"]
+
+
+def test_a_request_that_cannot_afford_a_probe_lets_the_next_take_it_and_the_queue_sleeps() -> None:
+    """A waiting request that may not take the open probe slot neither blocks a patient one
+    behind it nor makes the queue poll in a loop: the next wake-up is a real time ahead."""
+    q = Queue(Policy(batch_window_s={c: 0.0 for c in CLASSES}, recheck_s=0.05), limit=4)
+    now = warm(q, "vip", 4, 1.0)
+    for i in range(4):
+        q.offer(Ticket(f"run{i}", "vip"), now)
+    q.set_capacity(5, pressure=False, probing=1)
+    t = now + 0.5  # the running requests are half done: the next proven slot comes in 0.5 s
+    # 1.8 s left to its client: too short for a probe (2 × 1 s), long enough for a proven slot.
+    assert granted(q.offer(Ticket("hurried", "vip", deadline_s=10.0, answer_by_s=1.8), t)) == []
+    assert "hurried" in q.waiting
+    assert q.poll(t + 0.06) == []
+    wake = q.next_wakeup(t + 0.06)
+    assert wake is not None and wake >= t + 0.06 + 0.05  # the next ETA check, not at once
+    assert granted(q.offer(Ticket("patient", "standard", deadline_s=10.0), t + 0.06)) == ["patient"]
+    q.release("run0", now + 1.0)
+    q.release("run1", now + 1.0)  # 3 held, "patient" among them: a proven slot is open
+    assert granted(q.poll(now + 1.0)) == ["hurried"]
