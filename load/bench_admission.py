@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import orjson
 
 from load.stack import LOOPBACK, Stack, free_port, wait_port
 
@@ -35,14 +36,14 @@ SIM_ARGS = ["--max-num-seqs", "4", "--itl-ms", "10", "--base-ttft-ms", "20"]
 MAX_TOKENS = 20
 
 
-def gate_config(pool_port: int, **admission: Any) -> dict[str, Any]:
+def gate_config(pool_port: int, pool: dict[str, Any] | None = None, **admission: Any) -> dict[str, Any]:
     """Keys per tier, and the primary pool's capacity read from its simulator's /metrics."""
     capacity = {
         "source": "vllm",
         "metrics_urls": [f"http://{LOOPBACK}:{pool_port}/metrics"],
         "refresh_ms": 100,
     }
-    section: dict[str, Any] = {"pools": {"primary": {"capacity": capacity}}}
+    section: dict[str, Any] = {"pools": {"primary": {"capacity": capacity, **(pool or {})}}}
     for key, value in admission.items():
         section[key] = value
     return {
@@ -51,9 +52,10 @@ def gate_config(pool_port: int, **admission: Any) -> dict[str, Any]:
     }
 
 
-def stack_for(pool_port: int, **admission: Any) -> Stack:
+def stack_for(pool_port: int, sim_args: list[str] = SIM_ARGS, pool: dict[str, Any] | None = None,
+              **admission: Any) -> Stack:
     ports = {"primary": pool_port, "fallback": free_port()}
-    return Stack(gate_config=gate_config(pool_port, **admission), sim_args=SIM_ARGS, pool_ports=ports)
+    return Stack(gate_config=gate_config(pool_port, pool, **admission), sim_args=sim_args, pool_ports=ports)
 
 
 @dataclass
@@ -149,6 +151,12 @@ def scrape(port: int, name: str, *labels: str) -> float:
         for line in text.splitlines()
         if line.startswith((name + "{", name + " ")) and all(label in line for label in labels)
     )
+
+
+def sim_state(stack: Stack) -> dict[str, Any]:
+    with urllib.request.urlopen(stack.sim_url("primary") + "/admin/state", timeout=2) as r:
+        state: dict[str, Any] = orjson.loads(r.read())
+    return state
 
 
 async def sample_idle(stack: Stack, seconds: float) -> tuple[int, int]:
@@ -258,6 +266,7 @@ async def bench(
     reserve_off: bool = True,
     burst: bool = True,
     reserve_share: float | None = None,
+    preempt_slots: int = 2,
 ) -> str:
     capacity_rps = 4 / 0.25
     rate = capacity_rps * factor
@@ -270,6 +279,7 @@ async def bench(
         + "; 70 % short prompts, 30 % of 300 words.",
         f"Command: `python -m load.bench_admission --seconds {seconds:g} --factor {factor:g}"
         + (f" --reserve-share {reserve_share:g}" if reserve_share is not None else "")
+        + (f" --preempt-slots {preempt_slots}" if preempt_slots != 2 else "")
         + "`",
         "",
     ]
@@ -305,17 +315,25 @@ async def bench(
             out += await burst_sheds(stack)
             out += await burst_sheds(stack, client_timeout_s=5.0)
     variants: list[tuple[str, dict[str, Any]]] = []
+    if preempt_slots:
+        priority = {"sim_args": [*SIM_ARGS, "--scheduling-policy", "priority"],
+                    "pool": {"preempt_slots": preempt_slots}}
+        variants.append((f"vLLM scheduling by priority, vip {preempt_slots} slots over the limit "
+                         f"(preempt_slots: {preempt_slots})", priority))
     if reserve_off:
         variants.append(("vip reserve off (reserve_factor: 0)", {"reserve_factor": 0}))
     if reserve_share is not None:
-        settings = {"reserve_factor": 3.0, "reserve_max_share": reserve_share}
-        variants.append((f"vip reserve up to {reserve_share:g} of the pool (reserve_factor: 3)", settings))
+        shared = {"reserve_factor": 3.0, "reserve_max_share": reserve_share}
+        variants.append((f"vip reserve up to {reserve_share:g} of the pool (reserve_factor: 3)", shared))
     for title, settings in variants:
         with stack_for(free_port(), deadline_ms=deadlines, **settings) as stack:
             await sequential(stack.url, "vip", 5)
             other = await mixed_load(stack.url, rate, seconds)
+            preempted = sim_state(stack)["preemptions"]
         stats_other = by_class(other)
         out += table(f"Same load, {title}", stats_other)
+        if preempted:
+            out += [f"The model server preempted a running request {preempted} times.", ""]
         on_rate, other_rate = throughput(results, seconds), throughput(other, seconds)
         out += [
             f"Answered per second, default / {title}: "
@@ -337,9 +355,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-reserve-off", action="store_true", help="skip the run with the vip reserve off")
     parser.add_argument("--no-burst", action="store_true", help="skip the burst on a slowed pool")
     parser.add_argument("--reserve-share", type=float, help="also run with a vip reserve of up to this share")
+    parser.add_argument("--preempt-slots", type=int, default=2,
+                        help="vip slots over the limit, priority-scheduling pool run (0: skip it)")
     parser.add_argument("--out", type=Path, default=RESULTS / "admission.md")
     args = parser.parse_args(argv)
-    run = bench(args.seconds, args.factor, not args.no_reserve_off, not args.no_burst, args.reserve_share)
+    run = bench(args.seconds, args.factor, not args.no_reserve_off, not args.no_burst, args.reserve_share,
+                args.preempt_slots)
     text = asyncio.run(run)
     args.out.parent.mkdir(exist_ok=True)
     args.out.write_text(text + "\n")

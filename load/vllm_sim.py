@@ -25,12 +25,17 @@ Latency: TTFT = base_ttft_ms + per_prompt_token_ms * prompt_tokens + extra_laten
 (faults.ttft_ms replaces base_ttft_ms); each later token waits
 itl_ms * (1 + batch_slowdown * running). Admission is FIFO: at most max_num_seqs running
 and the KV cache (kv_cache_tokens) must hold prompt + max_tokens of every running request.
+With ``--scheduling-policy priority`` the body's ``priority`` (lower first, default 0) orders
+the waiting requests, and one that does not fit preempts a running request of a lower
+priority (it waits again, then recomputes). Under "fcfs" a non-zero priority is a 400, as
+in vLLM.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import bisect
 import contextlib
 import dataclasses
 import hashlib
@@ -38,7 +43,7 @@ import os
 import random
 import time
 import uuid
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -71,6 +76,7 @@ class SimConfig:
     max_num_seqs: int = 64
     kv_cache_tokens: int = 100_000
     default_max_tokens: int = 16
+    scheduling_policy: str = "fcfs"  # or "priority": by the request's `priority`, preempting
     seed: int = 0
     name: str = ""  # if set, sent back as the `x-sim-name` response header
     api_key: str = ""  # if set, /v1 requires `authorization: Bearer <api_key>`
@@ -114,67 +120,116 @@ def _json(obj: Any, status: int = 200, headers: dict[str, str] | None = None) ->
 
 
 @dataclass(eq=False)
-class _Ticket:
+@dataclass(eq=False)
+class Run:
+    """One request's place in the engine: running, or waiting on `fut` (first, or preempted)."""
+
     need: int
     model: str
-    fut: asyncio.Future[None]
+    priority: int
+    seq: int
+    fut: asyncio.Future[None] | None = None
+    running: bool = False
+    preempted: int = 0  # times it was sent back to wait
 
 
 class Scheduler:
-    """FIFO admission bounded by max_num_seqs and KV-cache tokens."""
+    """Admission bounded by max_num_seqs and KV-cache tokens: first come first served, or
+    with scheduling_policy "priority" by (priority, arrival), where a request that does not
+    fit preempts the worst-ranked running request of a lower priority (higher value), as
+    vLLM's ``--scheduling-policy priority`` does; the preempted one waits again and
+    recomputes its prompt and what it generated so far."""
 
     def __init__(self, cfg: SimConfig) -> None:
         self.cfg = cfg
         self.running = 0
         self.kv_used = 0
-        self.queue: deque[_Ticket] = deque()
+        self.queue: list[Run] = []  # waiting, in the order they will run
+        self.active: list[Run] = []
+        self.preemptions = 0
+        self._seq = 0
         self.running_by_model: Counter[str] = Counter()
         self.waiting_by_model: Counter[str] = Counter()
+
+    def _rank(self, run: Run) -> tuple[int, int]:
+        return (run.priority if self.cfg.scheduling_policy == "priority" else 0, run.seq)
 
     def _fits(self, need: int) -> bool:
         if self.running >= self.cfg.max_num_seqs:
             return False
         return self.running == 0 or self.kv_used + need <= self.cfg.kv_cache_tokens
 
-    def _admit(self, need: int, model: str) -> None:
+    def _admit(self, run: Run) -> None:
         self.running += 1
-        self.kv_used += need
-        self.running_by_model[model] += 1
+        self.kv_used += run.need
+        self.running_by_model[run.model] += 1
+        self.active.append(run)
+        run.running = True
 
-    async def acquire(self, need: int, model: str) -> None:
-        if not self.queue and self._fits(need):
-            self._admit(need, model)
-            return
-        t = _Ticket(need, model, asyncio.get_running_loop().create_future())
-        self.queue.append(t)
-        self.waiting_by_model[model] += 1
+    def _stop(self, run: Run) -> None:
+        self.running -= 1
+        self.kv_used -= run.need
+        self.running_by_model[run.model] -= 1
+        self.active.remove(run)
+        run.running = False
+
+    def _enqueue(self, run: Run) -> None:
+        run.fut = asyncio.get_running_loop().create_future()
+        bisect.insort(self.queue, run, key=self._rank)
+        self.waiting_by_model[run.model] += 1
+
+    async def acquire(self, need: int, model: str, priority: int = 0) -> Run:
+        self._seq += 1
+        run = Run(need, model, priority, self._seq)
+        self._enqueue(run)
+        self.schedule()
+        await self.wait(run)
+        return run
+
+    async def wait(self, run: Run) -> None:
+        """Until `run` runs (again); on cancellation it leaves the engine."""
         try:
-            await t.fut
+            if run.fut is not None:
+                await run.fut
         except BaseException:
-            if t.fut.done() and not t.fut.cancelled():
-                self.release(need, model)
-            elif t in self.queue:
-                self.queue.remove(t)
-                self.waiting_by_model[model] -= 1
-                self.schedule()
+            self.release(run)
             raise
 
-    def release(self, need: int, model: str) -> None:
-        self.running -= 1
-        self.kv_used -= need
-        self.running_by_model[model] -= 1
+    def preempted(self, run: Run) -> bool:
+        return not run.running and run.fut is not None
+
+    def release(self, run: Run) -> None:
+        if run.running:
+            self._stop(run)
+        elif run in self.queue:
+            self.queue.remove(run)
+            self.waiting_by_model[run.model] -= 1
         self.schedule()
 
     def schedule(self) -> None:
         while self.queue:
-            t = self.queue[0]
-            if not t.fut.cancelled() and not self._fits(t.need):
+            head = self.queue[0]
+            if not self._fits(head.need) and not self._preempt_for(head):
                 break
-            self.queue.popleft()
-            self.waiting_by_model[t.model] -= 1
-            if not t.fut.cancelled():
-                self._admit(t.need, t.model)
-                t.fut.set_result(None)
+            self.queue.pop(0)
+            self.waiting_by_model[head.model] -= 1
+            if head.fut is not None and not head.fut.done():
+                self._admit(head)
+                head.fut.set_result(None)
+
+    def _preempt_for(self, run: Run) -> bool:
+        """Send the worst-ranked running request of a lower priority back to wait."""
+        if self.cfg.scheduling_policy != "priority":
+            return False
+        lower = [r for r in self.active if r.priority > run.priority]
+        if not lower:
+            return False
+        victim = max(lower, key=self._rank)
+        self._stop(victim)
+        victim.preempted += 1
+        self.preemptions += 1
+        self._enqueue(victim)
+        return True
 
 
 class _GaugeCollector(Collector):
@@ -255,6 +310,7 @@ class SimState:
             "served": self.served, "served_by_model": dict(self.served_by_model),
             "received": self.received, "errors": self.errors, "cancelled": self.cancelled,
             "running": self.sched.running, "waiting": len(self.sched.queue), "hung": self.hung,
+            "preemptions": self.sched.preemptions,
             "kv_cache_used_tokens": self.sched.kv_used,
             "faults": dataclasses.asdict(self.faults),
             "config": {**dataclasses.asdict(self.cfg), "api_key": "set" if self.cfg.api_key else ""},
@@ -357,6 +413,11 @@ async def _completion(request: web.Request, chat: bool) -> web.StreamResponse:
         max_tokens = sim.cfg.default_max_tokens if max_tokens is None else max_tokens
         if not isinstance(max_tokens, int) or max_tokens < 1:
             raise ApiError(400, "max_tokens must be a positive integer", "max_tokens")
+        priority = body.get("priority", 0)
+        if not isinstance(priority, int) or isinstance(priority, bool):
+            raise ApiError(400, "priority must be an integer", "priority")
+        if priority and sim.cfg.scheduling_policy != "priority":
+            raise ApiError(400, "priority is only supported with the priority scheduling policy.", "priority")
         need = n_prompt + max_tokens
         if need > sim.cfg.kv_cache_tokens:
             raise ApiError(400, f"This model's maximum context length is "
@@ -399,7 +460,7 @@ async def _completion(request: web.Request, chat: bool) -> web.StreamResponse:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
                                            "Cache-Control": "no-cache", **headers})
         await resp.prepare(request)
-    await sim.sched.acquire(need, model)
+    run = await sim.sched.acquire(need, model, priority)
     try:
         f = sim.faults
         ttft = (sim.cfg.base_ttft_ms if f.ttft_ms is None else f.ttft_ms)
@@ -409,6 +470,9 @@ async def _completion(request: web.Request, chat: bool) -> web.StreamResponse:
             if i:
                 itl = sim.cfg.itl_ms if sim.faults.itl_ms is None else sim.faults.itl_ms
                 await _sleep_ms(itl * (1 + sim.cfg.batch_slowdown * sim.sched.running))
+            if sim.sched.preempted(run):  # wait again, then recompute the prompt and the i tokens
+                await sim.sched.wait(run)
+                await _sleep_ms(ttft + sim.cfg.per_prompt_token_ms * (n_prompt + i))
             if _gone(request):
                 raise ClientGoneError
             if resp is not None:
@@ -429,7 +493,7 @@ async def _completion(request: web.Request, chat: bool) -> web.StreamResponse:
         sim.cancelled += 1
         raise
     finally:
-        sim.sched.release(need, model)
+        sim.sched.release(run)
 
     text = " ".join(tokens)
     sim.served += 1
@@ -623,6 +687,7 @@ def main(argv: list[str] | None = None) -> None:
         "max_num_seqs": "sequences running at once (more wait, as in vLLM)",
         "kv_cache_tokens": "KV-cache size in tokens (reported in /metrics)",
         "default_max_tokens": "output tokens when a request sets no max_tokens",
+        "scheduling_policy": "fcfs, or priority: by the body's priority, preempting lower ones",
         "seed": "random seed of the generated text",
     }
     for f in dataclasses.fields(SimConfig):

@@ -54,7 +54,7 @@ class Pools:
                 )
             else:
                 local = LocalScheduler(
-                    pool, s.policy(), s.pool(pool).capacity, self.metrics, share=1 / self.workers
+                    pool, s.policy(pool), s.pool(pool).capacity, self.metrics, share=1 / self.workers
                 )
                 self.embedded[pool] = local
                 found = Embedded(local)

@@ -35,6 +35,11 @@ admitted there may wait a whole service time inside the model server before its 
 slot goes only to a request whose client waits at least two service times (`answer_by_s`);
 the others wait for, and are estimated against, the proven slots.
 
+Preemption. On a pool whose model server schedules by priority and preempts lower-priority
+running work (vLLM `--scheduling-policy priority`), the top class may also take
+`preempt_slots` slots over the limit: it starts at once instead of waiting for a release,
+and the request it displaces waits inside the model server instead.
+
 Reserve. While top-tier (vip) traffic flows, a few slots (`estimate.reserve_slots`) are
 open only to requests ranked in the top tier's bands (vip, or aged up to it), so a vip
 arrival finds a free slot instead of waiting for the next release. The best-ranked
@@ -79,6 +84,8 @@ class Policy:
     reserve_max_share: float = 0.25
     recheck_s: float = 0.05  # how often waiting requests' ETAs are checked against their deadlines
     service_samples: int = 256  # recent slot hold times kept: the estimate averages the last `limit`
+    # Top-class requests granted over the limit when the pool preempts lower-priority work (0: none).
+    preempt_slots: int = 0
 
 
 @dataclass(frozen=True)
@@ -207,7 +214,7 @@ class Queue:
         self._arrivals[ticket.cls].append(now)
         if self._first_arrival is None:
             self._first_arrival = now
-        free = self.free(band_of(ticket.cls, ticket.urgent), self._view(now))
+        free = self.free(band_of(ticket.cls, ticket.urgent), self._view(now), self._preempts(ticket.cls))
         if len(self.waiting) < free and not self.pressure:
             close = now  # a free slot and nobody waiting for it: holding this request gains nothing
         else:
@@ -286,7 +293,7 @@ class Queue:
             self._next_recheck = now + self.policy.recheck_s
             events += self._shed_the_late(now)
         view = self._view(now) if self.waiting else None
-        while len(self.held) < self.limit and view is not None:
+        while len(self.held) < self.limit + self._over() and view is not None:
             best = self._next_grant(now, view)
             if best is None:
                 break
@@ -307,36 +314,51 @@ class Queue:
         ready = [w for w in self.waiting.values() if self._eligible(w, now)]
         if not ready:
             return None
-        probe = len(self.held) >= self.limit - self.probing
+        probe = self.limit - self.probing <= len(self.held) < self.limit
+        over = len(self.held) >= self.limit  # only the top class may go, preempting
         ranked = (
             sorted(ready, key=lambda w: self._key(w, now))
-            if probe
+            if probe or over
             else [min(ready, key=lambda w: self._key(w, now))]
         )
         for w in ranked:
-            if self.free(self._key(w, now)[0], view) <= 0:
+            if self.free(self._key(w, now)[0], view, self._preempts(w.cls)) <= 0:
+                if over:
+                    continue
                 return None
             if not probe or self._affords_probe(w, now, view.service_s):
                 return w
         return None
 
+    def _preempts(self, cls: str) -> bool:
+        """Whether a request of `cls` may be granted over the limit: the top class, on a pool
+        that preempts lower-priority work to run it."""
+        return cls == CLASSES[0] and self._over() > 0
+
+    def _over(self) -> int:
+        """Slots over the limit for the top class (none while the pool is closed)."""
+        return self.policy.preempt_slots if self.limit > 0 else 0
+
     def _may_take_a_slot(self, w: _Waiting, now: float, view: _View) -> bool:
         """Whether a slot open now is one `w` may take (not reserved for others, not a probe it
         cannot afford)."""
-        if self.free(self._key(w, now)[0], view) <= 0:
+        if self.free(self._key(w, now)[0], view, self._preempts(w.cls)) <= 0:
             return False
-        return len(self.held) < self.limit - self.probing or self._affords_probe(w, now, view.service_s)
+        proven = len(self.held) < self.limit - self.probing or len(self.held) >= self.limit
+        return proven or self._affords_probe(w, now, view.service_s)
 
     def _affords_probe(self, w: _Waiting, now: float, service_s: float | None) -> bool:
         """A probe slot may leave the request waiting a whole service time in the pool's queue
         before its own: only a request whose client waits that long may take one."""
+        if self._preempts(w.cls):
+            return True  # the pool runs it ahead of lower classes: it never waits a whole service
         by = w.ticket.answer_by_s
         return by is None or service_s is None or now - w.arrived + 2 * service_s <= by
 
     def next_wakeup(self, now: float) -> float | None:
         """The next time `poll` could change something without a call in between."""
         times = [h.lease_until for h in self.held.values()]
-        view = self._view(now) if self.waiting and len(self.held) < self.limit else None
+        view = self._view(now) if self.waiting and len(self.held) < self.limit + self._over() else None
         for w in self.waiting.values():
             times.append(w.deadline_at)
             if w.cls in HIGH_CLASSES:
@@ -392,9 +414,10 @@ class Queue:
         """Slots only the top tier's bands may take now."""
         return self._view(now).reserved
 
-    def free(self, band: int, view: _View) -> int:
-        """Slots a request of `band` (after aging) may take now: the rest may hold all but the reserve."""
-        free = self.limit - len(self.held)
+    def free(self, band: int, view: _View, preempts: bool = False) -> int:
+        """Slots a request of `band` (after aging) may take now: the rest may hold all but the
+        reserve; one that `preempts` also the slots over the limit."""
+        free = self.limit + (self._over() if preempts else 0) - len(self.held)
         if band > TOP_BANDS:
             free = min(free, self.limit - view.reserved - view.held_by_the_rest)
         return max(0, free)
@@ -410,8 +433,14 @@ class Queue:
         if self.pressure:
             start = max(start, entry.arrived + self.policy.pressure_hold_s - now)
         # Slots it may take: all of the pool's, or only the proven ones when it cannot afford a probe.
-        usable = self.limit if self._affords_probe(entry, now, view.service_s) else self.limit - self.probing
-        free = max(0, min(self.free(self._key(entry, now)[0], view), usable - len(self.held)))
+        preempts = self._preempts(entry.cls)
+        if preempts:
+            usable = self.limit + self._over()
+        elif self._affords_probe(entry, now, view.service_s):
+            usable = self.limit
+        else:
+            usable = self.limit - self.probing
+        free = max(0, min(self.free(self._key(entry, now)[0], view, preempts), usable - len(self.held)))
         ahead += max(0, len(self.held) - usable)  # the pool shrank: those releases free nothing
         behind_slots = ahead + 1 - free
         if behind_slots <= 0:

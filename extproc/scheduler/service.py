@@ -86,7 +86,7 @@ async def serve(config: Config, pool: str, host: str, port: int, metrics_port: i
     if metrics_port is not None:
         metrics.serve(metrics_port, host)
     admission = config.admission
-    scheduler = LocalScheduler(pool, admission.policy(), admission.pool(pool).capacity, metrics)
+    scheduler = LocalScheduler(pool, admission.policy(pool), admission.pool(pool).capacity, metrics)
     await scheduler.start()
     server = grpc.aio.server()
     pb_grpc.add_SchedulerServicer_to_server(SchedulerService(scheduler), server)  # type: ignore[no-untyped-call]

@@ -60,6 +60,12 @@ class PoolAdmission(_Strict):
     # host:port of this pool's `llm-gate scheduler`; None: the gate queues in-process.
     scheduler: str | None = None
     capacity: Capacity = Capacity()
+    # For a pool whose vLLM runs `--scheduling-policy priority`: the gate sends each request's
+    # `priority` (vip 0, premium 1, standard 2; a client's own is replaced) and grants vip up
+    # to this many slots over the limit, so vLLM preempts running lower-class work to start it
+    # at once (the preempted request waits and recomputes). 0: no priorities are sent (a
+    # first-come-first-served vLLM rejects them).
+    preempt_slots: int = Field(default=0, ge=0)
 
 
 class SchedulerTLS(_Strict):
@@ -123,7 +129,7 @@ class Admission(_Strict):
     def pool(self, name: str) -> PoolAdmission:
         return self.pools.get(name) or PoolAdmission()
 
-    def policy(self) -> Policy:
+    def policy(self, pool: str) -> Policy:
         return Policy(
             batch_window_s={c: self.batch_window_ms.get(c, 0.0) / 1000 for c in CLASSES},
             max_wait_s=self.max_wait_ms / 1000,
@@ -136,6 +142,7 @@ class Admission(_Strict):
             reserve_factor=self.reserve_factor,
             reserve_max_share=self.reserve_max_share,
             recheck_s=self.shed_check_ms / 1000,
+            preempt_slots=self.pool(pool).preempt_slots,
         )
 
     def deadline_s(self, cls: str) -> float:

@@ -4,7 +4,9 @@ On a miss only (after dedup): the request's class is its priority (never above t
 tenant's tier), urgency words move it ahead within the class. The queue is the pool's
 `llm-gate scheduler` when an address is configured, else one in this process. An
 unreachable scheduler admits without queueing (counted). The slot is released exactly
-once, in `on_done`, which runs however the exchange ends.
+once, in `on_done`, which runs however the exchange ends. On a pool whose vLLM schedules
+by priority (`preempt_slots`), the body's `priority` is set from the class, so the vip
+requests granted over the limit start at once by preempting lower-class work.
 """
 
 from __future__ import annotations
@@ -14,13 +16,15 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import orjson
+
 from ..config import Config
 from ..errors import error_reply
 from ..exchange import Exchange, Reply
 from ..metrics import Metrics
 from ..request import client_timeout_s, estimated_tokens, last_user_text, wants_stream
 from ..scheduler.pools import Pools, Slots
-from ..scheduler.queue import Refused, Ticket
+from ..scheduler.queue import CLASSES, Refused, Ticket
 from ..scheduler.settings import Admission as Settings
 from .base import Stage
 
@@ -107,6 +111,9 @@ class Admission(Stage):
             deadline_s=wait_budget_s(s.deadline_s(cls), ex.headers),
             answer_by_s=answer_by_s(ex.payload, ex.headers),
         )
+        if s.pool(ex.pool).preempt_slots:
+            ex.payload["priority"] = CLASSES.index(cls) if cls in CLASSES else len(CLASSES) - 1
+            ex.upstream_body = orjson.dumps(ex.payload)
         slots = self.pools.slots(ex.pool)
         started = time.perf_counter()
         outcome = await slots.acquire(ticket, ex.prompt_tokens, ex.tenant)

@@ -290,3 +290,31 @@ async def test_cli_runs() -> None:
     finally:
         proc.terminate()
         await asyncio.wait_for(proc.wait(), 5)
+
+
+async def test_priority_policy_preempts_lower_priority_work_and_fcfs_refuses_priorities() -> None:
+    """Two slots busy with priority-2 requests: a priority-0 request starts at once (one of
+    them is preempted, waits, recomputes, and still finishes); under fcfs a priority is a 400."""
+    cfg = SimConfig(base_ttft_ms=1.0, itl_ms=20.0, max_num_seqs=2, scheduling_policy="priority")
+    s = await start_sim(cfg)
+    try:
+        async with httpx.AsyncClient(base_url=s.url, timeout=10) as c:
+            low = [chat(f"low {i}", max_tokens=20, ignore_eos=True, priority=2) for i in range(2)]
+            slow = [asyncio.create_task(c.post("/v1/chat/completions", json=b)) for b in low]
+            await wait_for_state(c, "running", 2)
+            high = chat("high", max_tokens=5, ignore_eos=True, priority=0)
+            vip = await c.post("/v1/chat/completions", json=high)
+            assert vip.status_code == 200
+            assert not any(t.done() for t in slow)  # it did not wait for a low one to end
+            assert [r.status_code for r in await asyncio.gather(*slow)] == [200, 200]
+            assert s.state.sched.preemptions == 1
+            assert s.state.sched.running == 0 and s.state.sched.kv_used == 0
+    finally:
+        await s.close()
+    fcfs = await start_sim(fast_cfg())
+    try:
+        async with httpx.AsyncClient(base_url=fcfs.url, timeout=10) as c:
+            r = await c.post("/v1/chat/completions", json=chat("hi", priority=1))
+            assert r.status_code == 400 and r.json()["error"]["param"] == "priority"
+    finally:
+        await fcfs.close()

@@ -244,3 +244,15 @@ def test_a_request_that_cannot_afford_a_probe_lets_the_next_take_it_and_the_queu
     q.release("run0", now + 1.0)
     q.release("run1", now + 1.0)  # 3 held, "patient" among them: a proven slot is open
     assert granted(q.poll(now + 1.0)) == ["hurried"]
+
+
+def test_vip_goes_over_the_limit_of_a_preempting_pool_but_never_into_a_closed_one() -> None:
+    q = Queue(Policy(batch_window_s={c: 0.0 for c in CLASSES}, preempt_slots=1), limit=2)
+    for id in ("a", "b"):
+        assert granted(q.offer(Ticket(id, "standard"), 0.0)) == [id]
+    assert granted(q.offer(Ticket("premium", "premium"), 0.0)) == []  # only the top class preempts
+    assert granted(q.offer(Ticket("vip", "vip"), 0.0)) == ["vip"]
+    assert granted(q.offer(Ticket("vip2", "vip"), 0.0)) == []  # one slot over the limit, taken
+    q.set_capacity(0, pressure=False)  # the breaker closed the pool
+    q.release("vip", 0.1)
+    assert granted(q.poll(0.1)) == []

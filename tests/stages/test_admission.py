@@ -174,3 +174,37 @@ def test_a_json_answer_must_reach_its_client_before_its_timeout(
     """A whole JSON answer must arrive within the client's read timeout; a stream's first token."""
     headers = {} if header is None else {"x-stainless-read-timeout": header}
     assert answer_by_s({"stream": stream}, headers) == answer_by
+
+
+async def test_on_a_preempting_pool_vip_goes_over_the_limit_and_every_request_carries_its_priority() -> None:
+    """One slot, one over the limit for vip: a vip request is granted while a standard one
+    runs, and the model server is told each request's priority (the client's own replaced)."""
+    stage = admission(pools={"primary": {"capacity": {"static_limit": 1}, "preempt_slots": 1}})
+    running, vip = exchange("running"), exchange("vip", "vip")
+    for ex, claimed in ((running, 100), (vip, -5)):
+        assert ex.payload is not None
+        ex.payload["priority"] = claimed
+    assert await stage.on_request(running) is None
+    assert await asyncio.wait_for(stage.on_request(vip), 1.0) is None
+    sent = [orjson.loads(ex.upstream_body or b"{}") for ex in (running, vip)]
+    assert [body["priority"] for body in sent] == [2, 0]
+    waiting = asyncio.create_task(stage.on_request(exchange("standard")))
+    await asyncio.sleep(0.1)
+    assert not waiting.done()  # the slot over the limit is vip's only
+    await stage.on_done(running)
+    await asyncio.sleep(0.05)
+    assert not waiting.done()  # one slot, held by vip
+    await stage.on_done(vip)
+    assert await asyncio.wait_for(waiting, 1.0) is None
+
+
+async def test_a_pool_that_does_not_preempt_gets_no_priority_and_no_slot_over_the_limit() -> None:
+    stage = admission(pools={"primary": {"capacity": {"static_limit": 1}}})
+    running = exchange("running")
+    assert await stage.on_request(running) is None
+    assert running.upstream_body is None
+    vip = asyncio.create_task(stage.on_request(exchange("vip", "vip")))
+    await asyncio.sleep(0.1)
+    assert not vip.done()
+    await stage.on_done(running)
+    assert await asyncio.wait_for(vip, 1.0) is None
