@@ -17,6 +17,7 @@ import random
 import sys
 import time
 import urllib.request
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -65,6 +66,7 @@ class Result:
     latency: float
     headers: dict[str, str] = field(default_factory=dict)
     body: dict[str, Any] = field(default_factory=dict)
+    load_id: str = ""
 
 
 def request_body(rng: random.Random, i: int) -> dict[str, Any]:
@@ -79,14 +81,31 @@ def request_body(rng: random.Random, i: int) -> dict[str, Any]:
 
 
 async def one(client: httpx.AsyncClient, cls: str, body: dict[str, Any]) -> Result:
+    load_id = uuid.uuid4().hex
+    headers = {"authorization": f"Bearer {KEYS[cls]}", "x-load-id": load_id}
     started = time.perf_counter()
     try:
-        r = await client.post(CHAT, json=body, headers={"authorization": f"Bearer {KEYS[cls]}"})
+        r = await client.post(CHAT, json=body, headers=headers)
     except httpx.HTTPError as exc:
-        return Result(cls, 0, time.perf_counter() - started, body={"exception": repr(exc)})
+        return Result(cls, 0, time.perf_counter() - started, body={"exception": repr(exc)}, load_id=load_id)
     latency = time.perf_counter() - started
     parsed = r.json() if r.headers.get("content-type", "").startswith("application/json") else {}
-    return Result(cls, r.status_code, latency, dict(r.headers), parsed)
+    return Result(cls, r.status_code, latency, dict(r.headers), parsed, load_id)
+
+
+def vip_split(stack: Stack, results: list[Result]) -> str:
+    """Where VIP's answered requests spent their time: the gate's queue, the model server
+    (receipt to last token, its own queue included), and the rest (client, Envoy, the gate)."""
+    with urllib.request.urlopen(stack.sim_url("primary") + "/admin/served", timeout=5) as r:
+        served: dict[str, float] = orjson.loads(r.read())["by_id"]
+    vip = [r for r in results if r.cls == "vip" and r.status == 200 and r.load_id in served]
+    queue = [float(r.headers.get("x-gate-queue-ms", 0)) / 1000 for r in vip]
+    server = [served[r.load_id] / 1000 for r in vip]
+    rest = [r.latency - q - m for r, q, m in zip(vip, queue, server, strict=True)]
+    parts = {"gate queue": queue, "model server": server, "the rest (client, Envoy, gate)": rest}
+    return "VIP time by part, p50 / p99: " + "; ".join(
+        f"{name} {quantile(v, 0.5):.3f} / {quantile(v, 0.99):.3f} s" for name, v in parts.items()
+    ) + "."
 
 
 async def mixed_load(
@@ -290,6 +309,8 @@ async def bench(
         out += [
             f"Unloaded VIP latency: p50 {quantile(base, 0.5):.3f} s, p99 {quantile(base, 0.99):.3f} s",
             "",
+            vip_split(stack, unloaded),
+            "",
         ]
         load = asyncio.create_task(mixed_load(stack.url, rate, seconds))
         await asyncio.sleep(2)
@@ -300,6 +321,8 @@ async def bench(
         out += [
             f"VIP p99 at {factor:g}x overload vs unloaded: {stats['vip']['p99'] / quantile(base, 0.99):.2f}x "
             f"(p50 {stats['vip']['p50'] / quantile(base, 0.5):.2f}x).",
+            "",
+            vip_split(stack, results),
             "",
         ]
         eta = [r.body["error"]["eta_ms"] for r in results if r.status == 503]
@@ -330,8 +353,10 @@ async def bench(
             await sequential(stack.url, "vip", 5)
             other = await mixed_load(stack.url, rate, seconds)
             preempted = sim_state(stack)["preemptions"]
+            split = vip_split(stack, other)
         stats_other = by_class(other)
         out += table(f"Same load, {title}", stats_other)
+        out += [split, ""]
         if preempted:
             out += [f"The model server preempted a running request {preempted} times.", ""]
         on_rate, other_rate = throughput(results, seconds), throughput(other, seconds)

@@ -23,7 +23,9 @@ and every authorization / x-api-key value received is recorded (``/admin/state``
 
 Latency: TTFT = base_ttft_ms + per_prompt_token_ms * prompt_tokens + extra_latency_ms
 (faults.ttft_ms replaces base_ttft_ms); each later token waits
-itl_ms * (1 + batch_slowdown * running). Admission is FIFO: at most max_num_seqs running
+itl_ms * (1 + batch_slowdown * running), on a schedule: a wake-up that came late because
+the host was busy shortens the next wait (by up to 50 ms) instead of delaying every later
+token. Admission is FIFO: at most max_num_seqs running
 and the KV cache (kv_cache_tokens) must hold prompt + max_tokens of every running request.
 With ``--scheduling-policy priority`` the body's ``priority`` (lower first, default 0) orders
 the waiting requests, and one that does not fit preempts a running request of a lower
@@ -353,6 +355,19 @@ async def _sleep_ms(ms: float) -> None:
         await asyncio.sleep(ms / 1000.0)
 
 
+class _Clock:
+    """The engine's step times, kept on a schedule: a wake-up that came late (the host's
+    CPU was busy) shortens the next wait instead of delaying every later token, as a GPU's
+    steps do not wait for the HTTP server's event loop."""
+
+    def __init__(self) -> None:
+        self.due = time.monotonic()
+
+    async def after_ms(self, ms: float) -> None:
+        self.due = max(self.due, time.monotonic() - 0.05) + ms / 1000  # at most 50 ms caught up
+        await _sleep_ms((self.due - time.monotonic()) * 1000)
+
+
 async def _wait_unhang(sim: SimState, request: web.Request) -> None:
     if not sim.faults.hang:
         return
@@ -464,15 +479,17 @@ async def _completion(request: web.Request, chat: bool) -> web.StreamResponse:
     try:
         f = sim.faults
         ttft = (sim.cfg.base_ttft_ms if f.ttft_ms is None else f.ttft_ms)
-        await _sleep_ms(ttft + sim.cfg.per_prompt_token_ms * n_prompt + f.extra_latency_ms)
+        clock = _Clock()
+        await clock.after_ms(ttft + sim.cfg.per_prompt_token_ms * n_prompt + f.extra_latency_ms)
         sim.metrics.ttft.labels(model).observe(time.monotonic() - t0)
         for i, tok in enumerate(tokens):
             if i:
                 itl = sim.cfg.itl_ms if sim.faults.itl_ms is None else sim.faults.itl_ms
-                await _sleep_ms(itl * (1 + sim.cfg.batch_slowdown * sim.sched.running))
+                await clock.after_ms(itl * (1 + sim.cfg.batch_slowdown * sim.sched.running))
             if sim.sched.preempted(run):  # wait again, then recompute the prompt and the i tokens
                 await sim.sched.wait(run)
-                await _sleep_ms(ttft + sim.cfg.per_prompt_token_ms * (n_prompt + i))
+                clock = _Clock()
+                await clock.after_ms(ttft + sim.cfg.per_prompt_token_ms * (n_prompt + i))
             if _gone(request):
                 raise ClientGoneError
             if resp is not None:
