@@ -14,6 +14,7 @@ from collections.abc import Callable
 import httpx
 
 from load.bench_admission import (
+    SIM_ARGS,
     Result,
     by_class,
     mixed_load,
@@ -92,3 +93,37 @@ def test_killing_the_scheduler_loses_nothing_and_a_restart_resumes_queueing() ->
         assert scrape(gate, "gate_admission_total", 'outcome="fail_open"') > 0
         assert scrape(second_metrics, "gate_queue_grants_total") > 0  # the restarted one queues again
         assert settles(lambda: scrape(second_metrics, "gate_queue_in_flight") == 0)  # every grant released
+
+
+def test_vip_preempts_standard_work_on_a_pool_that_schedules_by_priority() -> None:
+    """Every slot of a priority-scheduling pool busy with long standard answers: a VIP request
+    is let in over the limit with priority 0 and answered while all of them still run; the
+    one it displaced is answered too."""
+    sim_args = [*SIM_ARGS, "--scheduling-policy", "priority"]
+    with stack_for(free_port(), sim_args=sim_args, pool={"preempt_slots": 1}) as stack:
+
+        async def ask(client: httpx.AsyncClient, key: str, tokens: int) -> httpx.Response:
+            messages = [{"role": "user", "content": f"{key} {tokens}"}]
+            body = {"model": "llama-3-8b", "messages": messages, "max_tokens": tokens, "ignore_eos": True}
+            auth = {"authorization": f"Bearer {key}"}
+            return await client.post("/v1/chat/completions", json=body, headers=auth)
+
+        async def running(client: httpx.AsyncClient) -> int:
+            return int((await client.get(stack.sim_url("primary") + "/admin/state")).json()["running"])
+
+        async def run() -> tuple[httpx.Response, list[httpx.Response]]:
+            async with httpx.AsyncClient(base_url=stack.url, timeout=30) as client:
+                long = [asyncio.create_task(ask(client, "sk-standard", 150 + i)) for i in range(4)]
+                async with asyncio.timeout(10):
+                    while await running(client) < 4:  # noqa: ASYNC110 - polling another process
+                        await asyncio.sleep(0.02)
+                vip = await ask(client, "sk-vip", 5)
+                assert not any(t.done() for t in long), "the VIP request waited for a standard one to end"
+                return vip, list(await asyncio.gather(*long))
+
+        vip, standard = asyncio.run(run())
+        assert vip.status_code == 200
+        assert [r.status_code for r in standard] == [200] * 4
+        state = httpx.get(stack.sim_url("primary") + "/admin/state").json()
+        assert state["preemptions"] >= 1
+        assert state["last_request"]["/v1/chat/completions"]["priority"] == 0  # the VIP request, sent last
