@@ -77,3 +77,36 @@ def cross_check(config: Config, message_timeout_s: float = DEFAULT_MESSAGE_TIMEO
         if pool.fallback == name:
             problems.append(f"routing.pools.{name}.fallback: a pool cannot be its own fallback")
     return problems
+
+
+def center_files(config: Config) -> list[tuple[str, Path, str]]:
+    """(setting, file, embedder) of every LSH centre the gate reads at start: the default
+    section's and each enabled profile's (its own, or the default's when it keeps the embedder)."""
+    if not config.cache.enabled:
+        return []
+    sem = config.cache.semantic
+    found: dict[tuple[Path, str], str] = {}
+    sections = [("cache.semantic", sem)] + [
+        (f"cache.semantic.profiles.{i}", sem.for_profile(p)) for i, p in enumerate(sem.profiles)
+    ]
+    own: list[Path | None] = [sem.lsh_center_file, *(p.lsh_center_file for p in sem.profiles)]
+    for (where, section), own_file in zip(sections, own, strict=True):
+        if not section.enabled or section.lsh_center_file is None:
+            continue
+        setting = where if own_file is not None else "cache.semantic"
+        found.setdefault((section.lsh_center_file, section.embedder), f"{setting}.lsh_center_file")
+    return [(setting, path, embedder) for (path, embedder), setting in found.items()]
+
+
+def file_problems(config: Config) -> list[str]:
+    """Problems in the files the gate reads at start, one line each (the LSH centres; their
+    dimension against the model itself is checked when the gate loads it)."""
+    from .cache.center import CenterError, read_center
+
+    problems: list[str] = []
+    for setting, path, embedder in center_files(config):
+        try:
+            read_center(path, embedder)
+        except CenterError as exc:
+            problems.append(f"{setting}: {exc}")
+    return problems

@@ -60,7 +60,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_check_config(args: argparse.Namespace) -> int:
-    from .checks import DEFAULT_MESSAGE_TIMEOUT_S, cross_check, envoy_message_timeouts
+    from .checks import DEFAULT_MESSAGE_TIMEOUT_S, cross_check, envoy_message_timeouts, file_problems
 
     try:
         config = load_config(args.file)
@@ -79,7 +79,7 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     except OSError as exc:
         print(f"{exc.filename}: {exc.strerror}")
         return 1
-    problems = cross_check(config, min(timeouts, default=DEFAULT_MESSAGE_TIMEOUT_S))
+    problems = cross_check(config, min(timeouts, default=DEFAULT_MESSAGE_TIMEOUT_S)) + file_problems(config)
     for problem in problems:
         print(f"{args.file}: {problem}")
     if problems:
@@ -87,6 +87,20 @@ def cmd_check_config(args: argparse.Namespace) -> int:
         return 1
     print(f"{args.file}: OK")
     return 0
+
+
+def cmd_lsh_center(args: argparse.Namespace) -> int:
+    from .cache.center import command
+    from .embed import default_model_dir
+
+    semantic = _load(args.config).cache.semantic
+    return command(
+        semantic.model_dir or default_model_dir(),
+        semantic.build_missing,
+        args.embedder or semantic.embedder,
+        args.prompts,
+        args.out,
+    )
 
 
 def parser() -> argparse.ArgumentParser:
@@ -126,6 +140,33 @@ def parser() -> argparse.ArgumentParser:
         help="Envoy's ext_proc message_timeout in seconds (default: what envoy-config writes, 35)",
     )
     check.set_defaults(func=cmd_check_config)
+
+    center = sub.add_parser(
+        "lsh-center",
+        help="write the LSH centre of some traffic (cache.semantic.lsh_center_file)",
+        description="Embed sample prompts with the configured embedder and write the mean of their "
+        "embeddings (float32 .npy, and a .json beside it naming the embedder). Point "
+        "cache.semantic.lsh_center_file at it when prompts share a long template: the semantic "
+        "cache's LSH then hashes around that mean, and capped buckets stop evicting true matches.",
+    )
+    center.add_argument("--config", type=Path, help="YAML config (default: built-in defaults)")
+    center.add_argument(
+        "--prompts",
+        type=Path,
+        required=True,
+        metavar="FILE",
+        help="sample traffic: one prompt per line, or JSONL of OpenAI request bodies (each one's last "
+        "user message, the text the cache embeds)",
+    )
+    center.add_argument(
+        "--out", type=Path, required=True, metavar="FILE", help="the centre to write, e.g. center.npy"
+    )
+    center.add_argument(
+        "--embedder",
+        metavar="NAME",
+        help="embed with this one (e.g. a profile's) instead of cache.semantic.embedder",
+    )
+    center.set_defaults(func=cmd_lsh_center)
 
     for name, target, text in DELEGATED:
         d = sub.add_parser(name, help=text, add_help=False)

@@ -264,6 +264,8 @@ class SemanticProfile(Strict):
     embedder: str | None = None  # None: the default embedder
     policy_file: Path | None = None
     target_precision: float | None = Field(default=None, gt=0, le=1)
+    # None: the default's centre when the profile keeps the default embedder, else no centre.
+    lsh_center_file: Path | None = None
 
     def applies(self, tenant: str, path: str) -> bool:
         return (self.tenant is None or self.tenant == tenant) and (
@@ -309,6 +311,10 @@ class CacheSemantic(Strict):
     lsh_recall: float = Field(default=0.995, gt=0, lt=1)
     lsh_seed: int = 0
     max_candidates: int = Field(default=128, ge=1)  # load/results/lsh_recall.md
+    # The traffic's mean embedding (`llm-gate lsh-center`, a float32 .npy and its .json), hashed
+    # around: prompts sharing a long template then spread over the buckets instead of filling a
+    # few (whose cap evicts true matches). Only candidates change; cosines stay the raw ones.
+    lsh_center_file: Path | None = None
     embed_timeout_ms: float = Field(default=500.0, gt=0)
     batch_window_ms: float = Field(default=1.0, ge=0)
     # e.g. [{tenant: acme-cn, embedder: e5-small}]: Chinese-speaking tenants on the multilingual model
@@ -326,8 +332,12 @@ class CacheSemantic(Strict):
     self_check: CacheSelfCheck = CacheSelfCheck()
 
     def for_profile(self, profile: SemanticProfile) -> CacheSemantic:
-        """This section with the profile's choices in place of the defaults."""
-        chosen = {k: v for k in ("embedder", "policy_file", "target_precision") if (v := getattr(profile, k))}
+        """This section with the profile's choices in place of the defaults. A centre belongs to
+        one embedder: a profile that picks another one keeps no centre but its own."""
+        keys = ("embedder", "policy_file", "target_precision", "lsh_center_file")
+        chosen: dict[str, object] = {k: v for k in keys if (v := getattr(profile, k))}
+        if profile.lsh_center_file is None and chosen.get("embedder", self.embedder) != self.embedder:
+            chosen["lsh_center_file"] = None
         return self.model_copy(update={**chosen, "enabled": profile.enabled, "profiles": []})
 
 

@@ -13,10 +13,13 @@ recall = share of brute-force hits the cache also makes (the same stored answer)
 candidates a lookup fetches, the largest LSH bucket, and the Redis time of one candidates call
 at that store size. Buckets keep at most `--band-cap` entries (the store's cap, the default);
 `--template` wraps every sentence in one long prompt template, the skewed traffic on which the
-cap bites (load/bench_candidates.py times it at 100,000 entries).
+cap bites (load/bench_candidates.py times it at 100,000 entries). `--center` hashes around the
+measured vectors' own mean; `--center-file` around a centre `llm-gate lsh-center` made from
+another sample, as an operator would: `--skip N --write-prompts FILE` writes that sample (the
+pairs after the first N, as JSONL request bodies) and stops.
 
 Run: ``python -m load.lsh_recall [--n 2000] [--target 0.8 --target 0.9] [--template] [--band-cap 64]``
-Writes load/results/lsh_recall.json and .md.
+Writes load/results/lsh_recall[_OPTIONS].json and .md.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from typing import Any
 import numpy as np
 import redis.asyncio as aioredis
 
+from extproc.cache.center import CenterError, meta_path, read_center
 from extproc.cache.redis_store import RedisStore
 from extproc.cache.semantic import Matcher, floor
 from extproc.cache.store import DEFAULT_BAND_CAP, MemoryStore, Put
@@ -184,6 +188,36 @@ async def _time_candidates(
     return times
 
 
+def sample(file: str, lang: str, args: argparse.Namespace) -> tuple[list[str], list[str]]:
+    """(stored, queries): the pairs after the first `--skip`, in the template with `--template`."""
+    stored, queries = pairs(file, args.skip + args.n, args.data)
+    stored, queries = stored[args.skip :], queries[args.skip :]
+    if args.template:
+        return [TEMPLATE[lang].format(t) for t in stored], [TEMPLATE[lang].format(t) for t in queries]
+    return stored, queries
+
+
+def write_prompts(args: argparse.Namespace) -> int:
+    """Both sides of the sample, one chat request body a line: `llm-gate lsh-center --prompts`."""
+    lines = []
+    for lang, file in SETS.items():
+        if not args.lang or lang in args.lang:
+            stored, queries = sample(file, lang, args)
+            lines += [json.dumps({"messages": [{"role": "user", "content": t}]}) for t in stored + queries]
+    args.write_prompts.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    print(f"{args.write_prompts}: {len(lines)} prompts")
+    return 0
+
+
+def _provenance(path: Path) -> str:
+    """Where a centre file came from, as its description says (`llm-gate lsh-center`)."""
+    meta = json.loads(meta_path(path).read_text(encoding="utf-8"))
+    return (
+        f"Hashed around `{path}`: the mean of {meta.get('prompts')} prompts' {meta.get('embedder')} "
+        f"embeddings from `{meta.get('source')}` (norm {meta.get('norm')}).\n\n"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m load.lsh_recall", description=__doc__.split("\n")[0])
     parser.add_argument("--embedder", action="append", help="minilm, e5-small (default both)")
@@ -194,9 +228,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--band-cap", type=int, default=DEFAULT_BAND_CAP, help="entries an LSH bucket keeps")
     parser.add_argument("--template", action="store_true", help="wrap every sentence in one prompt template")
     parser.add_argument("--lang", action="append", help="en, zh (default both)")
-    parser.add_argument("--center", action="store_true", help="hash around the stored vectors' mean")
+    centre = parser.add_mutually_exclusive_group()
+    centre.add_argument("--center", action="store_true", help="hash around the stored vectors' mean")
+    centre.add_argument(
+        "--center-file", type=Path, help="hash around this centre (`llm-gate lsh-center`, another sample)"
+    )
+    parser.add_argument("--skip", type=int, default=0, help="leave out the first N pairs (another sample)")
+    parser.add_argument(
+        "--write-prompts", type=Path, help="write the sample's prompts as JSONL request bodies, and stop"
+    )
     parser.add_argument("--data", type=Path, default=DATA, help="the paraphrase sets' folder")
     args = parser.parse_args(argv)
+    if args.write_prompts:
+        return write_prompts(args)
     from extproc.embed import load_embedder
 
     rows: list[dict[str, Any]] = []
@@ -211,14 +255,14 @@ def main(argv: list[str] | None = None) -> int:
                     {"embedder": name, "lang": lang, "target": "-", "note": "semantic off at every target"}
                 )
                 continue
-            stored, queries = pairs(file, args.n, args.data)
-            if args.template:
-                stored, queries = (
-                    [TEMPLATE[lang].format(t) for t in stored],
-                    [TEMPLATE[lang].format(t) for t in queries],
-                )
+            stored, queries = sample(file, lang, args)
             d, q = embedder.embed_sync(stored), embedder.embed_sync(queries)
             center = d.mean(axis=0) if args.center else None
+            if args.center_file:
+                try:
+                    center = read_center(args.center_file, name, d.shape[1])
+                except CenterError as exc:
+                    parser.error(str(exc))
             for target, policy in policies.items():
                 if not policy.enabled(lang):
                     rows.append({"embedder": name, "lang": lang, "target": target, "note": "semantic off"})
@@ -228,7 +272,8 @@ def main(argv: list[str] | None = None) -> int:
                     "lang": lang,
                     "target": target,
                     "prompts": ("template" if args.template else "plain")
-                    + (", centred" if args.center else ""),
+                    + (", centred" if args.center else "")
+                    + (f", centred on {args.center_file.name}" if args.center_file else ""),
                     **asyncio.run(
                         compare(policy, lang, stored, queries, d, q, args.cap, args.band_cap, center)
                     ),
@@ -246,7 +291,10 @@ def main(argv: list[str] | None = None) -> int:
     flags += "".join(f" --target {t}" for t in args.target or [])
     flags += (" --template" if args.template else "") + (" --center" if args.center else "")
     flags += f" --band-cap {args.band_cap}" if args.band_cap != DEFAULT_BAND_CAP else ""
-    name = "lsh_recall" + flags.replace(" --", "_").replace(" ", "-")
+    flags += f" --skip {args.skip}" if args.skip else ""
+    named = flags + (f" --center-file {args.center_file.stem}" if args.center_file else "")
+    flags += f" --center-file {args.center_file}" if args.center_file else ""
+    name = "lsh_recall" + named.replace(" --", "_").replace(" ", "-")
     (RESULTS / f"{name}.json").write_text(json.dumps(rows, indent=1))
     head = [
         "embedder",
@@ -274,6 +322,7 @@ def main(argv: list[str] | None = None) -> int:
     text = (
         f"LSH recall vs brute force at the operating point (`python -m load.lsh_recall --n {args.n}{flags}`),"
         f" max_candidates {args.cap}, buckets capped at {args.band_cap} entries.\n\n"
+        + (_provenance(args.center_file) if args.center_file else "")
         + "\n".join(lines)
         + "\n"
     )

@@ -8,11 +8,14 @@ measures the recall against brute force on real embeddings.
 
 The planes come from a seed, so every gate process and replica computes the same buckets.
 `center` (optional) is subtracted first: sentence encoders put most vectors in a narrow
-cone, and hashing around the cone's axis spreads them over the buckets.
+cone, and hashing around the cone's axis spreads them over the buckets. Only the buckets
+move: the cosines that rank candidates and decide are taken on the raw vectors. The tag
+carries a digest of the centre, so buckets hashed around another centre (or none) never mix.
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
 from dataclasses import dataclass
 
@@ -36,20 +39,32 @@ def choose(min_cosine: float, target: float = 0.995, max_bands: int = 32) -> tup
     return best
 
 
+def center_digest(center: np.ndarray) -> str:
+    """A short name for a centre: the same float32 values, the same name, in every process."""
+    data = np.ascontiguousarray(center, dtype="<f4").tobytes()
+    return hashlib.sha256(data).hexdigest()[:10]
+
+
 @dataclass(frozen=True)
 class Lsh:
     planes: np.ndarray  # [bands * rows, dim]
     rows: int
     bands: int
     center: np.ndarray | None = None
-    tag: str = ""  # the embedder and parameters: buckets of another embedder never mix
+    tag: str = ""  # the embedder, parameters and centre: buckets of another hashing never mix
 
     @classmethod
     def create(
         cls, dim: int, rows: int, bands: int, seed: int = 0, center: np.ndarray | None = None, name: str = ""
     ) -> Lsh:
         planes = np.random.default_rng(seed).standard_normal((rows * bands, dim)).astype(np.float32)
-        return cls(planes, rows, bands, center, f"{name}.{dim}.{rows}x{bands}.{seed}")
+        tag = f"{name}.{dim}.{rows}x{bands}.{seed}"
+        if center is not None:
+            center = np.ascontiguousarray(center, dtype=np.float32)
+            if center.shape != (dim,):
+                raise ValueError(f"a centre of shape {center.shape} for {dim}-dimensional vectors")
+            tag += f".c{center_digest(center)}"
+        return cls(planes, rows, bands, center, tag)
 
     def band_keys(self, vector: np.ndarray) -> list[str]:
         """One bucket name per band: `<tag>:<band>:<bits as hex>`."""

@@ -1,8 +1,9 @@
 """Assemble the cache stage at start: store, policy, embedder (built and warmed if needed).
 
 Runs before the gRPC health status says SERVING, so the first request never waits for a
-model to load. A model that cannot be built or loaded stops the gate with a message that
-says what to do; a missing calibration file only turns the semantic layer off.
+model to load. A model that cannot be built or loaded, or an LSH centre file that is not a
+centre of this embedder, stops the gate with a message that says what to do; a missing
+calibration file only turns the semantic layer off.
 """
 
 from __future__ import annotations
@@ -12,9 +13,12 @@ import logging
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from ..config import CacheSemantic as SemanticConfig
 from ..config import SemanticProfile
 from ..metrics import Metrics
+from .center import check_dim, read_center
 from .redis_store import CANDIDATES, LOOKUP, PUT, RELEASE, RENEW, RedisStore
 from .semantic import Matcher
 from .store import MemoryStore, Store
@@ -53,6 +57,8 @@ def ensure_model(name: str, model_dir: Path, build_missing: bool) -> None:
 def load_matcher(cfg: SemanticConfig, metrics: Metrics, processes: int = 1) -> Matcher | None:
     from ..dedup.decide import load_policy
 
+    # Read first: a centre file that cannot be used stops the start before any model loads.
+    center = read_center(cfg.lsh_center_file, cfg.embedder) if cfg.lsh_center_file else None
     try:
         policy = load_policy(cfg.embedder, cfg.target_precision, cfg.policy_file)
     except FileNotFoundError as exc:
@@ -79,6 +85,10 @@ def load_matcher(cfg: SemanticConfig, metrics: Metrics, processes: int = 1) -> M
         inner.embed_sync(list(WARMUP))
     except Exception as exc:
         raise ModelError(f"cannot load the '{cfg.embedder}' embedder from {model_dir}: {exc}") from exc
+    if center is not None and cfg.lsh_center_file is not None:
+        check_dim(center, cfg.lsh_center_file, cfg.embedder, inner.dim)
+        log.info("LSH hashes around %s (norm %.3f)", cfg.lsh_center_file, float(np.linalg.norm(center)))
+
     def observe(report: BatchReport) -> None:
         metrics.embed_batch_size.observe(report.size)
         metrics.embed_seconds.observe(report.infer_s)
@@ -92,7 +102,7 @@ def load_matcher(cfg: SemanticConfig, metrics: Metrics, processes: int = 1) -> M
     )
     return Matcher.create(
         embedder, policy, rows=cfg.lsh_rows, bands=cfg.lsh_bands, recall=cfg.lsh_recall, seed=cfg.lsh_seed,
-        max_candidates=cfg.max_candidates,
+        max_candidates=cfg.max_candidates, center=center,
     )
 
 
@@ -122,7 +132,8 @@ def load_matchers(cfg: SemanticConfig, metrics: Metrics, processes: int = 1) -> 
     loaded: dict[tuple[object, ...], Matcher | None] = {}
 
     def matcher_for(section: SemanticConfig) -> Matcher | None:
-        key = (section.enabled, section.embedder, section.policy_file, section.target_precision)
+        key = (section.enabled, section.embedder, section.policy_file, section.target_precision,
+               section.lsh_center_file)
         if key not in loaded:
             loaded[key] = load_matcher(section, metrics, processes) if section.enabled else None
         return loaded[key]

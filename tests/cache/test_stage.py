@@ -261,3 +261,30 @@ async def test_semantic_profiles_choose_the_matcher_per_tenant_and_route(store: 
         assert para.cache == ("hit" if tenant == "cn" else "miss"), tenant
     assert emb.calls > 0  # the tenant's own embedder did the work
     assert up.calls == 3  # two first asks, and acme's paraphrase (its profile turns the layer off)
+
+
+async def test_a_centre_moves_the_buckets_never_the_similarity(store: Store) -> None:
+    from extproc.cache.lsh import Lsh
+
+    emb = WordEmbedder()
+    center = 0.3 * await emb.embed("What is the weather like")
+    centred = matcher(emb)
+    centred.lsh = Lsh.create(64, 4, 12, seed=1, center=center, name="words")
+    up = Upstream()
+    plain_stage = stage_on(MemoryStore())
+    await send(plain_stage, chat("What is the capital of France?"), up)
+    plain = await send(plain_stage, chat("What is the capital city of France?"), up)
+    # Entries stored before the centre was set: still exact hits, no longer semantic candidates.
+    before = stage_on(store)
+    await send(before, chat("What is the capital of France?"), up)
+    after = cache_stage(config(), store, centred)
+    assert (await send(after, chat("what is the capital of  France?"), up)).cache == "hit"
+    assert (await send(after, chat("What is the capital city of France?"), up)).cache == "miss"
+    # Under the centre, the same pair hits at the same cosine, taken on the raw vectors.
+    await send(after, chat("Which city is the capital of Italy?"), up)
+    para = await send(after, chat("Which city is the capital city of Italy?"), up)
+    fresh = stage_on(MemoryStore())
+    await send(fresh, chat("Which city is the capital of Italy?"), up)
+    unc = await send(fresh, chat("Which city is the capital city of Italy?"), up)
+    assert (para.cache, unc.cache, plain.cache) == ("hit", "hit", "hit")
+    assert para.headers["x-gate-similarity"] == unc.headers["x-gate-similarity"]

@@ -28,13 +28,13 @@ def test_version_and_help_name_every_command() -> None:
     out = llm_gate("--version")
     assert out.returncode == 0 and out.stdout.strip() == f"llm-gate {cli.version()}"
     text = llm_gate("--help").stdout
-    names = ["serve", "check-config", *(name for name, _, _ in cli.DELEGATED)]
-    assert len(names) == 12
+    names = ["serve", "check-config", "lsh-center", *(name for name, _, _ in cli.DELEGATED)]
+    assert len(names) == 13
     listed = re.findall(r"^ {4}([a-z-]+)", text, re.MULTILINE)
     assert listed == names
 
 
-@pytest.mark.parametrize("command", ["serve", "check-config"])
+@pytest.mark.parametrize("command", ["serve", "check-config", "lsh-center"])
 def test_every_flag_of_the_gates_own_commands_has_help(command: str) -> None:
     sub = next(a for a in cli.parser()._actions if a.dest == "command")
     parser = sub.choices[command]  # type: ignore[attr-defined]
