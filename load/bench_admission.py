@@ -286,6 +286,8 @@ async def bench(
     burst: bool = True,
     reserve_share: float | None = None,
     preempt_slots: int = 2,
+    unloaded_n: int = 30,
+    fifo: bool = True,
 ) -> str:
     capacity_rps = 4 / 0.25
     rate = capacity_rps * factor
@@ -299,12 +301,13 @@ async def bench(
         f"Command: `python -m load.bench_admission --seconds {seconds:g} --factor {factor:g}"
         + (f" --reserve-share {reserve_share:g}" if reserve_share is not None else "")
         + (f" --preempt-slots {preempt_slots}" if preempt_slots != 2 else "")
+        + (f" --unloaded {unloaded_n}" if unloaded_n != 30 else "")
         + "`",
         "",
     ]
     deadlines = {"vip": 10000, "premium": 8000, "standard": 5000}
     with stack_for(free_port(), deadline_ms=deadlines) as stack:
-        unloaded = await sequential(stack.url, "vip", 30)
+        unloaded = await sequential(stack.url, "vip", unloaded_n)
         base = [r.latency for r in unloaded if r.status == 200]
         out += [
             f"Unloaded VIP latency: p50 {quantile(base, 0.5):.3f} s, p99 {quantile(base, 0.99):.3f} s",
@@ -367,6 +370,8 @@ async def bench(
             f"({stats_other['vip']['p99'] / quantile(base, 0.99):.2f}x unloaded).",
             "",
         ]
+    if not fifo:
+        return "\n".join(out)
     with stack_for(free_port(), enabled=False) as stack:
         results = await mixed_load(stack.url, rate, seconds)
         out += table("Without admission (every request goes straight to the pool's FIFO)", by_class(results))
@@ -382,10 +387,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reserve-share", type=float, help="also run with a vip reserve of up to this share")
     parser.add_argument("--preempt-slots", type=int, default=2,
                         help="vip slots over the limit, priority-scheduling pool run (0: skip it)")
+    parser.add_argument("--unloaded", type=int, default=30,
+                        help="sequential vip requests on the idle pool: the p99 the overload is compared to")
+    parser.add_argument("--no-fifo", action="store_true", help="skip the run without admission")
     parser.add_argument("--out", type=Path, default=RESULTS / "admission.md")
     args = parser.parse_args(argv)
     run = bench(args.seconds, args.factor, not args.no_reserve_off, not args.no_burst, args.reserve_share,
-                args.preempt_slots)
+                args.preempt_slots, args.unloaded, not args.no_fifo)
     text = asyncio.run(run)
     args.out.parent.mkdir(exist_ok=True)
     args.out.write_text(text + "\n")

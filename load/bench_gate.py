@@ -58,6 +58,11 @@ FIXED = "'What is 2+2?'"
 # A prompt of about 512 KB, new every time (a cache miss), next to the small requests.
 BIG_PROMPT = "string.format('%09d ', math.random(1e9)) .. string.rep('lorem ipsum dolor sit amet ', 19400)"
 BIG_PROMPT_TOKENS = 200_000
+# Each big-prompt connection waits this long after an answer before its next prompt: a paced
+# rate (about 2 per second over the 2 connections) that the no-op and the gate both keep, so
+# their ratios compare the same mix; unpaced, the no-op passed 117 big prompts a second and
+# the gate 3.
+BIG_GAP_MS = 1000
 ONLY_VALIDATE_AND_ROUTE = {
     "ratelimit": {"enabled": False},
     "breaker": {"enabled": False},
@@ -128,6 +133,9 @@ VARIANTS = [
         for e in EMBEDDERS
     ),
     Variant("small requests, 512 KB prompts in the mix", config=BIG_OK, big=True, group="big"),
+    # The same rounds through the no-op ext_proc: what the big bodies cost Envoy, the gRPC hop
+    # and the machine, with none of the gate's work.
+    Variant(f"{NOOP}: small requests, 512 KB prompts in the mix", ext_proc="noop", big=True, group="big"),
     Variant(
         "small requests, nothing in the mix (noise floor)",
         config=BIG_OK,
@@ -381,7 +389,7 @@ def big_rounds(
     medians over the rounds; each round's ratio is kept too. Without `big_prompts` the second
     window has nothing more either: how far the ratio moves on this machine with no cause."""
     big_script = work / "big.lua"
-    big_script.write_text(wrk_script(BIG_PROMPT))
+    big_script.write_text(wrk_script(BIG_PROMPT) + f"delay = function() return {BIG_GAP_MS} end\n")
     big_cmd = ["wrk", "-t1", "-c2", "-s", str(big_script), "--latency", f"-d{args.duration}s", url]
     if not big_prompts:  # the same rounds, with an idle second client
         big_cmd = ["sh", "-c", "sleep 1; echo"]
