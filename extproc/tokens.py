@@ -75,15 +75,16 @@ class TokenCounter:
             # than the tokenizing (28 against 40 µs for a system prompt and a question)
             total += sum(len(self._tok.encode(t, add_special_tokens=False).ids) for t in small)
         else:
-            total += sum(len(e.ids) for e in self._tok.encode_batch(small, add_special_tokens=False))
+            total += sum(len(e) for e in self._tok.encode_batch_fast(small, add_special_tokens=False))
         seen = sum(len(t) for t in small)
         remaining = sum(len(t) for t in texts) - seen
         for text in (t for t in texts if len(t) > self.slice_chars):
             for piece in slices(text, self.slice_chars):
                 if limit is not None and total > limit:
                     return total + round(remaining * total / max(seen, 1))
-                # encode_batch, even of one, runs without the GIL: the event loop keeps going
-                total += len(self._tok.encode_batch([piece], add_special_tokens=False)[0].ids)
+                # encode_batch_fast, even of one, runs without the GIL (the event loop keeps going)
+                # and skips the offsets nobody reads here: a quarter less CPU than encode_batch
+                total += len(self._tok.encode_batch_fast([piece], add_special_tokens=False)[0])
                 seen += len(piece)
                 remaining -= len(piece)
         return total
