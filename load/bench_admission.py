@@ -285,8 +285,8 @@ async def bench(
     reserve_off: bool = True,
     burst: bool = True,
     reserve_share: float | None = None,
-    preempt_slots: int = 2,
-    unloaded_n: int = 30,
+    preempt_slots: int = 4,
+    unloaded_n: int = 100,
     fifo: bool = True,
 ) -> str:
     capacity_rps = 4 / 0.25
@@ -300,8 +300,8 @@ async def bench(
         + "; 70 % short prompts, 30 % of 300 words.",
         f"Command: `python -m load.bench_admission --seconds {seconds:g} --factor {factor:g}"
         + (f" --reserve-share {reserve_share:g}" if reserve_share is not None else "")
-        + (f" --preempt-slots {preempt_slots}" if preempt_slots != 2 else "")
-        + (f" --unloaded {unloaded_n}" if unloaded_n != 30 else "")
+        + (f" --preempt-slots {preempt_slots}" if preempt_slots != 4 else "")
+        + (f" --unloaded {unloaded_n}" if unloaded_n != 100 else "")
         + "`",
         "",
     ]
@@ -385,9 +385,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-reserve-off", action="store_true", help="skip the run with the vip reserve off")
     parser.add_argument("--no-burst", action="store_true", help="skip the burst on a slowed pool")
     parser.add_argument("--reserve-share", type=float, help="also run with a vip reserve of up to this share")
-    parser.add_argument("--preempt-slots", type=int, default=2,
+    parser.add_argument("--preempt-slots", type=int, default=4,
                         help="vip slots over the limit, priority-scheduling pool run (0: skip it)")
-    parser.add_argument("--unloaded", type=int, default=30,
+    parser.add_argument("--unloaded", type=int, default=100,
                         help="sequential vip requests on the idle pool: the p99 the overload is compared to")
     parser.add_argument("--no-fifo", action="store_true", help="skip the run without admission")
     parser.add_argument("--out", type=Path, default=RESULTS / "admission.md")

@@ -327,6 +327,7 @@ def run_variant(variant: Variant, work: Path, args: argparse.Namespace) -> dict[
         before = embedding_counts(metrics_ports) if variant.embedder else {}
         embed_cpu_before = thread_cpu_seconds(proc.pid, "embed-") if proc and variant.embedder else 0.0
         spy = profile(proc, variant, args) if proc and args.profile else None
+        spy = perf_record(proc, variant, args) if proc and args.perf else spy
         result = small_load(wrk, url, args.duration)
         if spy is not None:
             spy.wait(30)
@@ -367,6 +368,19 @@ def profile(
     spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
     cmd = [spy, "record", "--format", "raw", "--rate", "250", "--subprocesses", "--nonblocking",
            "--duration", str(args.duration), "--pid", str(proc.pid), "--output", str(out)]
+    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def perf_record(
+    proc: subprocess.Popen[bytes], variant: Variant, args: argparse.Namespace
+) -> subprocess.Popen[bytes]:
+    """Linux perf on the ext_proc for the measured run (`perf record -g`), native code and the
+    kernel included: where the hop's CPU goes by library (`perf report --sort dso`), which
+    py-spy's Python stacks cannot show. Run `perf report -i DIR/NAME.data --sort dso` after."""
+    args.perf.mkdir(parents=True, exist_ok=True)
+    out = args.perf / f"{slug(variant.name)}.data"
+    cmd = ["perf", "record", "-F", "499", "-g", "-p", str(proc.pid), "-o", str(out), "--",
+           "sleep", str(args.duration)]
     return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
@@ -555,6 +569,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--profile", type=Path, help="py-spy each ext_proc into this folder (needs py-spy)")
+    parser.add_argument("--perf", type=Path, help="Linux perf on each ext_proc into this folder (needs perf)")
     args = parser.parse_args(argv)
     if shutil.which("wrk") is None:
         print("wrk is needed: apt-get install wrk", file=sys.stderr)
