@@ -14,6 +14,8 @@ same tokenizer file and the same code, so the count is the one ``count`` gives h
 
 from __future__ import annotations
 
+import hashlib
+from collections import OrderedDict
 from collections.abc import Iterator
 from functools import lru_cache
 from importlib import resources
@@ -28,6 +30,8 @@ PER_MESSAGE_OVERHEAD = 4
 SLICE_CHARS = 16_384
 OFFLOAD_CHARS = 32_768
 FEW_TEXTS = 4
+KNOWN_MIN_CHARS = 2048
+KNOWN_MAX = 4096
 
 
 def default_tokenizer_path() -> Path:
@@ -47,6 +51,36 @@ def slices(text: str, size: int = SLICE_CHARS) -> Iterator[str]:
         yield text[start:]
 
 
+class KnownCounts:
+    """Token counts of long texts by digest, the most recently used `KNOWN_MAX` of them."""
+
+    def __init__(self, size: int = KNOWN_MAX) -> None:
+        self.size = size
+        self._counts: OrderedDict[bytes, int] = OrderedDict()
+
+    @staticmethod
+    def _key(text: str) -> bytes | None:
+        if len(text) < KNOWN_MIN_CHARS:
+            return None  # counting a short text costs about what hashing it would
+        return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
+
+    def get(self, text: str) -> int | None:
+        key = self._key(text)
+        if key is None or key not in self._counts:
+            return None
+        self._counts.move_to_end(key)
+        return self._counts[key]
+
+    def put(self, text: str, tokens: int) -> None:
+        key = self._key(text)
+        if key is None:
+            return
+        self._counts[key] = tokens
+        self._counts.move_to_end(key)
+        if len(self._counts) > self.size:
+            self._counts.popitem(last=False)
+
+
 class TokenCounter:
     def __init__(
         self, path: Path | None = None, *, slice_chars: int = SLICE_CHARS, offload_chars: int = OFFLOAD_CHARS
@@ -58,35 +92,53 @@ class TokenCounter:
         self.slice_chars = slice_chars
         self.offload_chars = offload_chars
         self.background = Background()
+        self._known = KnownCounts()
 
     def count(self, texts: list[str], limit: int | None = None) -> int:
         """Tokens in `texts` plus the per-message template overhead.
 
         With a `limit`, counting stops as soon as the total passes it; the result is then an
-        estimate of the whole (> limit), extrapolated from the part counted.
+        estimate of the whole (> limit), extrapolated from the part counted. A text of
+        `KNOWN_MIN_CHARS` or more counted in full is remembered by its digest: a conversation
+        resends every earlier turn, and a long system prompt or document comes again with each
+        question, so only what is new is tokenized (the sum is the same count).
         """
         texts = [t for t in texts if t]
         if not texts:
             return 0
         total = PER_MESSAGE_OVERHEAD * len(texts)
-        small = [t for t in texts if len(t) <= self.slice_chars]
+        todo: list[str] = []
+        for text in texts:
+            known = self._known.get(text)
+            if known is None:
+                todo.append(text)
+            else:
+                total += known
+        small = [t for t in todo if len(t) <= self.slice_chars]
         if len(small) <= FEW_TEXTS:
             # one call per text: for a few short texts the batch call's thread pool costs more
             # than the tokenizing (28 against 40 µs for a system prompt and a question)
-            total += sum(len(self._tok.encode(t, add_special_tokens=False).ids) for t in small)
+            counts = [len(self._tok.encode(t, add_special_tokens=False).ids) for t in small]
         else:
-            total += sum(len(e) for e in self._tok.encode_batch_fast(small, add_special_tokens=False))
-        seen = sum(len(t) for t in small)
-        remaining = sum(len(t) for t in texts) - seen
-        for text in (t for t in texts if len(t) > self.slice_chars):
+            counts = [len(e) for e in self._tok.encode_batch_fast(small, add_special_tokens=False)]
+        for text, n in zip(small, counts, strict=True):
+            self._known.put(text, n)
+        total += sum(counts)
+        counted, seen = sum(counts), sum(len(t) for t in small)
+        remaining = sum(len(t) for t in todo) - seen
+        for text in (t for t in todo if len(t) > self.slice_chars):
+            tokens = 0
             for piece in slices(text, self.slice_chars):
-                if limit is not None and total > limit:
-                    return total + round(remaining * total / max(seen, 1))
+                if limit is not None and total + tokens > limit:
+                    return total + tokens + round(remaining * counted / max(seen, 1))
                 # encode_batch_fast, even of one, runs without the GIL (the event loop keeps going)
                 # and skips the offsets nobody reads here: a quarter less CPU than encode_batch
-                total += len(self._tok.encode_batch_fast([piece], add_special_tokens=False)[0])
+                n = len(self._tok.encode_batch_fast([piece], add_special_tokens=False)[0])
+                tokens, counted = tokens + n, counted + n
                 seen += len(piece)
                 remaining -= len(piece)
+            total += tokens
+            self._known.put(text, tokens)
         return total
 
     async def measure(self, texts: list[str], limit: int | None = None) -> int:

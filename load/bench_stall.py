@@ -58,11 +58,12 @@ def prompt(kb: int, rng: random.Random) -> str:
     return " ".join(out)
 
 
-async def one_exchange(pipeline: Any, text: str) -> int:
+async def one_exchange(pipeline: Any, text: str, history: list[dict[str, str]] | None = None) -> int:
     """Headers, body, the upstream's answer: what Envoy sends for one request. The status the gate
     answered with (200: passed on to the upstream)."""
     body = orjson.dumps(
-        {"model": "llama-3-8b", "max_tokens": 16, "messages": [{"role": "user", "content": text}]}
+        {"model": "llama-3-8b", "max_tokens": 16,
+         "messages": [*(history or []), {"role": "user", "content": text}]}
     )
     session = Session(pipeline)
     status = 200
@@ -86,7 +87,9 @@ async def one_exchange(pipeline: Any, text: str) -> int:
     return status
 
 
-async def stalls(config: dict[str, Any], texts: list[str]) -> dict[str, float]:
+async def stalls(
+    config: dict[str, Any], texts: list[str], history: list[dict[str, str]] | None = None
+) -> dict[str, float]:
     """The event loop's CPU per prompt (a pass alone), then the longest gaps between heartbeats
     (a second pass): in the thread's CPU time, which the machine's other load does not lengthen,
     and in wall time."""
@@ -107,16 +110,16 @@ async def stalls(config: dict[str, Any], texts: list[str]) -> dict[str, float]:
             wall, cpu = now, now_cpu
 
     await one_exchange(pipeline, texts[0][:100] + " warm-up")  # first-use costs out of the figure
-    await one_exchange(pipeline, texts[0] + " warm-up")
+    await one_exchange(pipeline, texts[0] + " warm-up", history)  # and a history's first count
     started, cpu = time.perf_counter(), time.thread_time()
-    statuses = [await one_exchange(pipeline, t + " first pass") for t in texts]
+    statuses = [await one_exchange(pipeline, t + " first pass", history) for t in texts]
     wall, cpu = time.perf_counter() - started, time.thread_time() - cpu
     beat = asyncio.create_task(heartbeat())
     await asyncio.sleep(0.05)
     cpu_gaps.clear()
     wall_gaps.clear()
     for t in texts:
-        await one_exchange(pipeline, t + " second pass")
+        await one_exchange(pipeline, t + " second pass", history)
     running = False
     await beat
     await pipeline.aclose()
@@ -140,10 +143,15 @@ def main(argv: list[str] | None = None) -> int:
     rng = random.Random(7)
     big = [prompt(args.kb, rng) for _ in range(args.prompts)]
     small = [f"question {i} of {rng.randrange(10**9)}" for i in range(args.prompts)]
+    # A conversation of ~512 KB that goes on: the earlier turns come again with each question.
+    turns = [prompt(args.kb // 32, rng) for _ in range(32)]
+    history = [{"role": "user" if i % 2 == 0 else "assistant", "content": t} for i, t in enumerate(turns)]
     rows = [
         ("small prompt", stalls(TAKES_IT, small)),
         (f"{args.kb} KB prompt, counted in full", stalls(TAKES_IT, big)),
         (f"{args.kb} KB prompt, over the limit (422)", stalls(OVER_LIMIT, big)),
+        (f"{args.kb} KB conversation, a new question after turns seen before",
+         stalls(TAKES_IT, small, history)),
     ]
     lines = [
         f"# Event-loop stalls per prompt ({time.strftime('%Y-%m-%d')})",

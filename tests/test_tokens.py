@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from extproc.tokens import FEW_TEXTS, PER_MESSAGE_OVERHEAD, TokenCounter
+from extproc.tokens import FEW_TEXTS, PER_MESSAGE_OVERHEAD, KnownCounts, TokenCounter
 
 MESSAGES = [
     "You are a helpful assistant.",
@@ -22,3 +22,53 @@ def test_a_long_conversation_counts_what_its_messages_count_one_by_one() -> None
     one_by_one = sum(counter.count([m]) for m in MESSAGES)  # the per-text call
     assert counter.count(MESSAGES) == one_by_one
     assert one_by_one > PER_MESSAGE_OVERHEAD * len(MESSAGES)  # the texts themselves were counted
+
+
+class Recording:
+    """The tokenizer, noting how many characters it was given to tokenize."""
+
+    def __init__(self, tok: object) -> None:
+        self.tok, self.chars = tok, 0
+
+    def encode(self, text: str, **kw: object) -> object:
+        self.chars += len(text)
+        return self.tok.encode(text, **kw)  # type: ignore[attr-defined]
+
+    def encode_batch_fast(self, texts: list[str], **kw: object) -> object:
+        self.chars += sum(len(t) for t in texts)
+        return self.tok.encode_batch_fast(texts, **kw)  # type: ignore[attr-defined]
+
+
+def turn(i: int) -> str:
+    return f"Turn {i}: " + " ".join(f"word{i}x{j} and some more text" for j in range(700))
+
+
+def test_a_conversation_tokenizes_only_its_new_turn_and_counts_the_same() -> None:
+    counter = TokenCounter(slice_chars=4096)
+    history = [turn(i) for i in range(4)] + [turn(9)[:3000]]  # turns over a slice, one within
+    counter.count(history)
+    spy = Recording(counter._tok)
+    counter._tok = spy  # type: ignore[assignment]
+    new = "And what about the last point?"
+    total = counter.count([*history, new])
+    assert spy.chars == len(new)  # the earlier turns were not tokenized again
+    assert total == TokenCounter(slice_chars=4096).count([*history, new])  # a fresh count agrees
+
+
+def test_a_count_stopped_at_the_limit_is_not_remembered() -> None:
+    counter = TokenCounter(slice_chars=4096)
+    text = " ".join(turn(i) for i in range(10))
+    fresh = TokenCounter(slice_chars=4096).count([text])
+    assert counter.count([text], limit=100) > 100  # stopped early: an estimate
+    assert counter.count([text]) == fresh  # counted in full now, not the estimate
+
+
+def test_known_counts_keep_the_most_recently_used() -> None:
+    known = KnownCounts(size=2)
+    a, b, c = (turn(i) for i in range(3))
+    known.put(a, 1)
+    known.put(b, 2)
+    assert known.get(a) == 1  # a is now the most recent
+    known.put(c, 3)
+    assert (known.get(a), known.get(b), known.get(c)) == (1, None, 3)
+    assert known.get("short text") is None  # short texts are never kept
