@@ -17,10 +17,11 @@ import json
 import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
+from ..embed.encoder import Embedder
 from ..request import split_last
 
 # A mean of unit vectors has a norm of at most 1: a larger one is not such a mean.
@@ -30,15 +31,6 @@ CHUNK = 256  # texts embedded at a time by the command (bounded memory on big fi
 
 class CenterError(ValueError):
     """A centre file that cannot be used, with what is wrong and what to do."""
-
-
-class Embedder(Protocol):
-    name: str
-    dim: int
-
-    def can_read(self, text: str) -> bool: ...
-
-    def embed_sync(self, texts: list[str]) -> np.ndarray: ...
 
 
 def meta_path(path: Path) -> Path:
