@@ -63,6 +63,24 @@ BIG_PROMPT_TOKENS = 200_000
 # their ratios compare the same mix; unpaced, the no-op passed 117 big prompts a second and
 # the gate 3.
 BIG_GAP_MS = 1000
+# A conversation of ~512 KB that goes on: 32 turns of ~16 KB resent with each new question,
+# as a chat client does (the earlier turns are the same texts every time).
+CONVERSATION_SCRIPT = """
+math.randomseed(%d)
+local turn = string.rep('lorem ipsum dolor sit amet ', 600)
+local parts = {}
+for i = 1, 32 do
+  local role = (i %% 2 == 1) and 'user' or 'assistant'
+  parts[#parts + 1] = '{"role":"' .. role .. '","content":"' .. i .. ' ' .. turn .. '"}'
+end
+local history = table.concat(parts, ',')
+request = function()
+  local q = string.format('And question %%09d?', math.random(1e9))
+  local body = '{"model":"llama-3-8b","max_tokens":16,"messages":[' .. history
+    .. ',{"role":"user","content":"' .. q .. '"}]}'
+  return wrk.format("POST", nil, {["Content-Type"] = "application/json"}, body)
+end
+"""
 ONLY_VALIDATE_AND_ROUTE = {
     "ratelimit": {"enabled": False},
     "breaker": {"enabled": False},
@@ -99,6 +117,7 @@ class Variant:
     connections: int | None = None  # None: --connections
     big: bool = False  # rounds of small requests alone, then with ~512 KB prompts on 2 more connections
     big_prompts: bool = True  # False: the second window of each round is alone too (the noise floor)
+    conversation: bool = False  # the big requests are a conversation that goes on, not new prompts
     embedder: str | None = None  # compare with this embedder's raw batched throughput
     group: str = "overhead"
 
@@ -136,6 +155,8 @@ VARIANTS = [
     # The same rounds through the no-op ext_proc: what the big bodies cost Envoy, the gRPC hop
     # and the machine, with none of the gate's work.
     Variant(f"{NOOP}: small requests, 512 KB prompts in the mix", ext_proc="noop", big=True, group="big"),
+    Variant("small requests, 512 KB conversations going on in the mix", config=BIG_OK, big=True,
+            conversation=True, group="big"),
     Variant(
         "small requests, nothing in the mix (noise floor)",
         config=BIG_OK,
@@ -322,7 +343,7 @@ def run_variant(variant: Variant, work: Path, args: argparse.Namespace) -> dict[
         subprocess.run([*wrk, "-d2s", url], capture_output=True, check=True)  # warm-up
         script.write_text(wrk_script(UNIQUE if variant.unique else FIXED))  # new questions
         if variant.big:
-            return big_rounds(wrk, url, proc, work, args, variant.big_prompts)
+            return big_rounds(wrk, url, proc, work, args, variant.big_prompts, variant.conversation)
         cpu_before = group_cpu_seconds(proc.pid) if proc else 0.0
         before = embedding_counts(metrics_ports) if variant.embedder else {}
         embed_cpu_before = thread_cpu_seconds(proc.pid, "embed-") if proc and variant.embedder else 0.0
@@ -396,6 +417,7 @@ def big_rounds(
     work: Path,
     args: argparse.Namespace,
     big_prompts: bool = True,
+    conversation: bool = False,
 ) -> dict[str, float]:
     """`--rounds` pairs on one stack: small requests alone, then the same with ~512 KB prompts
     on 2 more connections. Alternating keeps the machine's other load (it is shared) out of the
@@ -403,7 +425,9 @@ def big_rounds(
     medians over the rounds; each round's ratio is kept too. Without `big_prompts` the second
     window has nothing more either: how far the ratio moves on this machine with no cause."""
     big_script = work / "big.lua"
-    big_script.write_text(wrk_script(BIG_PROMPT) + f"delay = function() return {BIG_GAP_MS} end\n")
+    seed = random.SystemRandom().randrange(1, 2**31)
+    script = CONVERSATION_SCRIPT % seed if conversation else wrk_script(BIG_PROMPT)
+    big_script.write_text(script + f"delay = function() return {BIG_GAP_MS} end\n")
     big_cmd = ["wrk", "-t1", "-c2", "-s", str(big_script), "--latency", f"-d{args.duration}s", url]
     if not big_prompts:  # the same rounds, with an idle second client
         big_cmd = ["sh", "-c", "sleep 1; echo"]
