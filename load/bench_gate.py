@@ -424,10 +424,17 @@ def big_rounds(
     ratio as far as can be: each pair's two windows are seconds apart. The figures are the
     medians over the rounds; each round's ratio is kept too. Without `big_prompts` the second
     window has nothing more either: how far the ratio moves on this machine with no cause."""
-    big_script = work / "big.lua"
-    seed = random.SystemRandom().randrange(1, 2**31)
-    script = CONVERSATION_SCRIPT % seed if conversation else wrk_script(BIG_PROMPT)
-    big_script.write_text(script + f"delay = function() return {BIG_GAP_MS} end\n")
+    big_script, small_script = work / "big.lua", Path(wrk[wrk.index("-s") + 1])
+
+    def new_scripts() -> None:
+        """Fresh seeds for every window: a window that repeated an earlier one's questions
+        would be answered from the cache, and its ratio would compare hits with misses."""
+        seed = random.SystemRandom().randrange(1, 2**31)
+        script = CONVERSATION_SCRIPT % seed if conversation else wrk_script(BIG_PROMPT)
+        big_script.write_text(script + f"delay = function() return {BIG_GAP_MS} end\n")
+        small_script.write_text(wrk_script(UNIQUE))
+
+    new_scripts()
     big_cmd = ["wrk", "-t1", "-c2", "-s", str(big_script), "--latency", f"-d{args.duration}s", url]
     if not big_prompts:  # the same rounds, with an idle second client
         big_cmd = ["sh", "-c", "sleep 1; echo"]
@@ -437,9 +444,11 @@ def big_rounds(
     mixed: list[dict[str, float]] = []
     cpu = {"alone": 0.0, "mixed": 0.0}
     for _ in range(args.rounds):
+        new_scripts()
         cpu_before = group_cpu_seconds(proc.pid) if proc else 0.0
         alone.append(small_load(wrk, url, args.duration))
         cpu_between = group_cpu_seconds(proc.pid) if proc else 0.0
+        new_scripts()
         big = subprocess.Popen(big_cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         r = small_load(wrk, url, args.duration)
         cpu["alone"] += cpu_between - cpu_before
