@@ -15,6 +15,7 @@ same tokenizer file and the same code, so the count is the one ``count`` gives h
 from __future__ import annotations
 
 import hashlib
+import threading
 from collections import OrderedDict
 from collections.abc import Iterator
 from functools import lru_cache
@@ -52,11 +53,13 @@ def slices(text: str, size: int = SLICE_CHARS) -> Iterator[str]:
 
 
 class KnownCounts:
-    """Token counts of long texts by digest, the most recently used `KNOWN_MAX` of them."""
+    """Token counts of long texts by digest, the most recently used `KNOWN_MAX` of them. Locked:
+    where no child process can start, big prompts are counted in threads."""
 
     def __init__(self, size: int = KNOWN_MAX) -> None:
         self.size = size
         self._counts: OrderedDict[bytes, int] = OrderedDict()
+        self._lock = threading.Lock()
 
     @staticmethod
     def _key(text: str) -> bytes | None:
@@ -66,19 +69,23 @@ class KnownCounts:
 
     def get(self, text: str) -> int | None:
         key = self._key(text)
-        if key is None or key not in self._counts:
+        if key is None:
             return None
-        self._counts.move_to_end(key)
-        return self._counts[key]
+        with self._lock:
+            tokens = self._counts.get(key)
+            if tokens is not None:
+                self._counts.move_to_end(key)
+            return tokens
 
     def put(self, text: str, tokens: int) -> None:
         key = self._key(text)
         if key is None:
             return
-        self._counts[key] = tokens
-        self._counts.move_to_end(key)
-        if len(self._counts) > self.size:
-            self._counts.popitem(last=False)
+        with self._lock:
+            self._counts[key] = tokens
+            self._counts.move_to_end(key)
+            if len(self._counts) > self.size:
+                self._counts.popitem(last=False)
 
 
 class TokenCounter:
