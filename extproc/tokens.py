@@ -62,13 +62,13 @@ class KnownCounts:
         self._lock = threading.Lock()
 
     @staticmethod
-    def _key(text: str) -> bytes | None:
+    def key(text: str) -> bytes | None:
+        """The text's digest; None for a short text, whose count costs about what hashing it would."""
         if len(text) < KNOWN_MIN_CHARS:
-            return None  # counting a short text costs about what hashing it would
+            return None
         return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
 
-    def get(self, text: str) -> int | None:
-        key = self._key(text)
+    def get(self, key: bytes | None) -> int | None:
         if key is None:
             return None
         with self._lock:
@@ -77,8 +77,7 @@ class KnownCounts:
                 self._counts.move_to_end(key)
             return tokens
 
-    def put(self, text: str, tokens: int) -> None:
-        key = self._key(text)
+    def put(self, key: bytes | None, tokens: int) -> None:
         if key is None:
             return
         with self._lock:
@@ -114,9 +113,11 @@ class TokenCounter:
         if not texts:
             return 0
         total = PER_MESSAGE_OVERHEAD * len(texts)
+        keys: dict[str, bytes | None] = {}  # each text hashed once, for the look-up and the store
         todo: list[str] = []
         for text in texts:
-            known = self._known.get(text)
+            key = keys[text] = self._known.key(text)
+            known = self._known.get(key)
             if known is None:
                 todo.append(text)
             else:
@@ -129,7 +130,7 @@ class TokenCounter:
         else:
             counts = [len(e) for e in self._tok.encode_batch_fast(small, add_special_tokens=False)]
         for text, n in zip(small, counts, strict=True):
-            self._known.put(text, n)
+            self._known.put(keys[text], n)
         total += sum(counts)
         counted, seen = sum(counts), sum(len(t) for t in small)
         remaining = sum(len(t) for t in todo) - seen
@@ -145,7 +146,7 @@ class TokenCounter:
                 seen += len(piece)
                 remaining -= len(piece)
             total += tokens
-            self._known.put(text, tokens)
+            self._known.put(keys[text], tokens)
         return total
 
     async def measure(self, texts: list[str], limit: int | None = None) -> int:

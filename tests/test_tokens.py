@@ -65,10 +65,10 @@ def test_a_count_stopped_at_the_limit_is_not_remembered() -> None:
 
 def test_known_counts_keep_the_most_recently_used() -> None:
     known = KnownCounts(size=2)
-    a, b, c = (turn(i) for i in range(3))
+    a, b, c = (known.key(turn(i)) for i in range(3))
     known.put(a, 1)
     known.put(b, 2)
     assert known.get(a) == 1  # a is now the most recent
     known.put(c, 3)
     assert (known.get(a), known.get(b), known.get(c)) == (1, None, 3)
-    assert known.get("short text") is None  # short texts are never kept
+    assert known.key("short text") is None  # short texts are never kept
