@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from extproc.tokens import FEW_TEXTS, PER_MESSAGE_OVERHEAD, KnownCounts, TokenCounter
+import json
+import random
+
+from extproc.piececount import splits_at_spaces
+from extproc.tokens import FEW_TEXTS, PER_MESSAGE_OVERHEAD, KnownCounts, TokenCounter, default_tokenizer_path
 
 MESSAGES = [
     "You are a helpful assistant.",
@@ -38,6 +42,10 @@ class Recording:
         self.chars += sum(len(t) for t in texts)
         return self.tok.encode_batch_fast(texts, **kw)  # type: ignore[attr-defined]
 
+    def encode_batch(self, texts: list[str], **kw: object) -> object:
+        self.chars += sum(len(t) for t in texts)
+        return self.tok.encode_batch(texts, **kw)  # type: ignore[attr-defined]
+
 
 def turn(i: int) -> str:
     return f"Turn {i}: " + " ".join(f"word{i}x{j} and some more text" for j in range(700))
@@ -72,3 +80,52 @@ def test_known_counts_keep_the_most_recently_used() -> None:
     known.put(c, 3)
     assert (known.get(a), known.get(b), known.get(c)) == (1, None, 3)
     assert known.key("short text") is None  # short texts are never kept
+
+
+# Whatever a client may put between and inside words: accents that combine with the character
+# before them (a space too), CJK without spaces, control characters (BERT deletes some, so the
+# words on both sides join), spaces that are not " ", special-token names, a word over
+# WordPiece's 100 characters, emoji.
+FRAGMENTS = ["word", "Naïve", "cafe\u0301", "\u0301", "日本語の文章", "\x1c", "\x0b", "\x85", "\xa0",
+             "\u3000", "\t", "\n", "  ", " ", " ", " ", "[CLS]", "[MASK]", "x" * 120, "🙂", "U.S.A.",
+             "1,234.5", "é", "\u200b", "\x00", "\ufffd", "O'Brien", "--", "ǅ"]
+
+
+def test_a_long_text_counted_by_its_pieces_is_counted_exactly_as_a_whole() -> None:
+    counter = TokenCounter(slice_chars=512)
+    assert counter._pieces is not None  # the default tokenizer is counted by pieces
+    whole = TokenCounter(slice_chars=10**9)  # one text, one call: the tokenizer's own count
+    rng = random.Random(7)
+    for _ in range(40):
+        text = "".join(rng.choice(FRAGMENTS) for _ in range(rng.randrange(200, 900)))
+        expected = len(whole._tok.encode(text, add_special_tokens=False).ids) + PER_MESSAGE_OVERHEAD
+        assert counter.count([text]) == expected, repr(text)
+
+
+def test_a_second_document_tokenizes_only_the_pieces_it_brings_new() -> None:
+    counter = TokenCounter(slice_chars=4096)
+    vocabulary = [f"term{i}" for i in range(300)]
+    rng = random.Random(3)
+    first = " ".join(rng.choice(vocabulary) for _ in range(5000))
+    second = " ".join(rng.choice(vocabulary) for _ in range(5000)) + " brand-new words"
+    counter.count([first])
+    spy = Recording(counter._tok)
+    counter._tok = spy  # type: ignore[assignment]
+    total = counter.count([second])
+    assert spy.chars == len("brand-new words")  # every other piece's count was remembered
+    assert total == TokenCounter(slice_chars=10**9).count([second])
+
+
+def test_only_tokenizers_that_split_at_whitespace_are_counted_by_pieces() -> None:
+    bert = json.loads(default_tokenizer_path().read_text())
+    assert splits_at_spaces(bert)
+    byte_level = {**bert, "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False}}
+    metaspace = {**bert, "normalizer": None, "pre_tokenizer": {"type": "Metaspace", "replacement": "▁"}}
+    replaces = {**bert, "normalizer": {"type": "Sequence", "normalizers": [
+        {"type": "Replace", "pattern": {"String": " "}, "content": "▁"}]}}
+    greedy = {**bert, "added_tokens": [{"content": "<mask>", "lstrip": True, "rstrip": False}]}
+    spaced = {**bert, "added_tokens": [{"content": "<end of turn>", "lstrip": False, "rstrip": False}]}
+    for spec in (byte_level, metaspace, replaces, greedy, spaced):
+        assert not splits_at_spaces(spec)
+    assert splits_at_spaces({**bert, "normalizer": {"type": "Sequence", "normalizers": [
+        {"type": "NFD"}, {"type": "Lowercase"}, {"type": "StripAccents"}]}})
