@@ -31,6 +31,7 @@ import yaml
 from extproc import envoy_config
 from extproc.embed.batching import default_threads, default_workers
 
+from .prose import lua_document
 from .stack import LOOPBACK, envoy_command, free_port, free_ports, wait_http, wait_port
 
 RESULTS = Path(__file__).parent / "results" / "bench_gate.md"
@@ -55,8 +56,9 @@ end
 """
 UNIQUE = "'question ' .. counter .. ' of ' .. math.random(1e9)"
 FIXED = "'What is 2+2?'"
-# A prompt of about 512 KB, new every time (a cache miss), next to the small requests.
-BIG_PROMPT = "string.format('%09d ', math.random(1e9)) .. string.rep('lorem ipsum dolor sit amet ', 19400)"
+# A prompt of about 512 KB of prose (`prose.py`), new every time (a cache miss), next to the
+# small requests; about 106k tokens with the default tokenizer.
+BIG_CHARS = 512 * 1024
 BIG_PROMPT_TOKENS = 200_000
 # Each big-prompt connection waits this long after an answer before its next prompt: a paced
 # rate (about 2 per second over the 2 connections) that the no-op and the gate both keep, so
@@ -343,13 +345,14 @@ def run_variant(variant: Variant, work: Path, args: argparse.Namespace) -> dict[
         subprocess.run([*wrk, "-d2s", url], capture_output=True, check=True)  # warm-up
         script.write_text(wrk_script(UNIQUE if variant.unique else FIXED))  # new questions
         if variant.big:
-            return big_rounds(wrk, url, proc, work, args, variant.big_prompts, variant.conversation)
+            result = big_rounds(wrk, url, proc, work, args, variant.big_prompts, variant.conversation)
+            return checked(result, result["errors"] + result["alone_errors"], work)
         cpu_before = group_cpu_seconds(proc.pid) if proc else 0.0
         before = embedding_counts(metrics_ports) if variant.embedder else {}
         embed_cpu_before = thread_cpu_seconds(proc.pid, "embed-") if proc and variant.embedder else 0.0
         spy = profile(proc, variant, args) if proc and args.profile else None
         spy = perf_record(proc, variant, args) if proc and args.perf else spy
-        result = small_load(wrk, url, args.duration)
+        result = checked(small_load(wrk, url, args.duration), 0, work)
         if spy is not None:
             spy.wait(30)
         cpu = (group_cpu_seconds(proc.pid) - cpu_before) if proc else 0.0
@@ -372,6 +375,16 @@ def run_variant(variant: Variant, work: Path, args: argparse.Namespace) -> dict[
                 p.wait(10)
             except (ProcessLookupError, subprocess.TimeoutExpired):
                 pass
+
+
+def checked(result: dict[str, float], errors: float, work: Path) -> dict[str, float]:
+    """The figures, unless small requests were refused: a gate that answers 5xx is fast, and
+    its figures say nothing (the logs say why)."""
+    errors = errors or result["errors"]
+    if errors:
+        logs = "".join(f"--- {p.name}\n{p.read_text()[-3000:]}" for p in sorted(work.glob("*.log")))
+        raise RuntimeError(f"{errors:.0f} small requests were not answered 2xx:\n{logs}")
+    return result
 
 
 def slug(name: str) -> str:
@@ -430,7 +443,8 @@ def big_rounds(
         """Fresh seeds for every window: a window that repeated an earlier one's questions
         would be answered from the cache, and its ratio would compare hits with misses."""
         seed = random.SystemRandom().randrange(1, 2**31)
-        script = CONVERSATION_SCRIPT % seed if conversation else wrk_script(BIG_PROMPT)
+        prompt = lua_document(BIG_CHARS) + wrk_script("document()")
+        script = CONVERSATION_SCRIPT % seed if conversation else prompt
         big_script.write_text(script + f"delay = function() return {BIG_GAP_MS} end\n")
         small_script.write_text(wrk_script(UNIQUE))
 

@@ -29,6 +29,8 @@ from extproc.config import parse_config
 from extproc.metrics import Metrics
 from extproc.server import Session
 
+from .prose import document
+
 RESULTS = Path(__file__).parent / "results" / "bench_stall.md"
 TICK_S = 0.0005
 ANSWER = (
@@ -49,13 +51,7 @@ def headers(values: dict[str, str]) -> pb.HttpHeaders:
 
 
 def prompt(kb: int, rng: random.Random) -> str:
-    words = ["lorem", "ipsum", "dolor", "sit", "amet,", "consectetur", "adipiscing", "elit."]
-    out, size = [f"{rng.randrange(10**9):09d}"], 10
-    while size < kb * 1024:
-        w = rng.choice(words)
-        out.append(w)
-        size += len(w) + 1
-    return " ".join(out)
+    return document(kb * 1024, rng)
 
 
 async def one_exchange(pipeline: Any, text: str, history: list[dict[str, str]] | None = None) -> int:
