@@ -69,9 +69,11 @@ class Result:
     load_id: str = ""
 
 
-def request_body(rng: random.Random, i: int) -> dict[str, Any]:
+def request_body(rng: random.Random, i: int, prefix: str = "") -> dict[str, Any]:
     words = 8 if rng.random() < 0.7 else 300  # short and long prompts
-    text = f"request {i}: " + " ".join(rng.choice(["alpha", "beta", "gamma", "delta"]) for _ in range(words))
+    text = f"{prefix}request {i}: " + " ".join(
+        rng.choice(["alpha", "beta", "gamma", "delta"]) for _ in range(words)
+    )
     return {
         "model": "llama-3-8b",
         "messages": [{"role": "user", "content": text}],
@@ -93,6 +95,22 @@ async def one(client: httpx.AsyncClient, cls: str, body: dict[str, Any]) -> Resu
     return Result(cls, r.status_code, latency, dict(r.headers), parsed, load_id)
 
 
+@dataclass
+class Alone:
+    p99: float
+    line: str
+
+
+def vip_alone(results: list[Result]) -> Alone:
+    """VIP's own requests of the load, without the rest: the p99 that VIP's arrivals alone
+    give on this pool (they queue behind each other when more come at once than it has
+    slots), which no scheduling of the other tiers can take away."""
+    ok = [r.latency for r in results if r.status == 200]
+    p99 = quantile(ok, 0.99)
+    return Alone(p99, f"VIP alone, its requests of the same load at the same times: {len(results)} sent, "
+                      f"{len(ok)} answered, p50 {quantile(ok, 0.5):.3f} s, p99 {p99:.3f} s.")
+
+
 def vip_split(stack: Stack, results: list[Result]) -> str:
     """Where VIP's answered requests spent their time: the gate's queue, the model server
     (receipt to last token, its own queue included), and the rest (client, Envoy, the gate)."""
@@ -109,9 +127,11 @@ def vip_split(stack: Stack, results: list[Result]) -> str:
 
 
 async def mixed_load(
-    url: str, rate: float, seconds: float, seed: int = 1, mix: dict[str, float] = MIX
+    url: str, rate: float, seconds: float, seed: int = 1, mix: dict[str, float] = MIX, only: str | None = None
 ) -> list[Result]:
-    """Open loop: Poisson arrivals at `rate`/s for `seconds`, classes drawn from `mix`."""
+    """Open loop: Poisson arrivals at `rate`/s for `seconds`, classes drawn from `mix`. With
+    `only`, just that class's requests of the same load, at the same times and of the same
+    sizes (other questions: no cache hits on the stack that runs the whole load after)."""
     rng = random.Random(seed)
     classes, weights = list(mix), list(mix.values())
     limits = httpx.Limits(max_connections=2000, max_keepalive_connections=200)
@@ -123,7 +143,9 @@ async def mixed_load(
         while at < seconds:
             await asyncio.sleep(max(0.0, start + at - time.perf_counter()))
             cls = rng.choices(classes, weights)[0]
-            tasks.append(asyncio.create_task(one(client, cls, request_body(rng, i))))
+            body = request_body(rng, i, prefix="alone: " if only else "")
+            if only is None or cls == only:
+                tasks.append(asyncio.create_task(one(client, cls, body)))
             i += 1
             at += rng.expovariate(rate)
         return list(await asyncio.gather(*tasks))
@@ -315,6 +337,8 @@ async def bench(
             vip_split(stack, unloaded),
             "",
         ]
+        alone = vip_alone(await mixed_load(stack.url, rate, seconds, only="vip"))
+        out += [alone.line, ""]
         load = asyncio.create_task(mixed_load(stack.url, rate, seconds))
         await asyncio.sleep(2)
         queued, idle = await sample_idle(stack, seconds - 3)
@@ -323,7 +347,8 @@ async def bench(
         out += table("With the gate's admission queue (vip reserve on, the default)", stats)
         out += [
             f"VIP p99 at {factor:g}x overload vs unloaded: {stats['vip']['p99'] / quantile(base, 0.99):.2f}x "
-            f"(p50 {stats['vip']['p50'] / quantile(base, 0.5):.2f}x).",
+            f"(p50 {stats['vip']['p50'] / quantile(base, 0.5):.2f}x); vs VIP alone at the same times: "
+            f"{stats['vip']['p99'] / alone.p99:.2f}x.",
             "",
             vip_split(stack, results),
             "",
@@ -354,12 +379,13 @@ async def bench(
     for title, settings in variants:
         with stack_for(free_port(), deadline_ms=deadlines, **settings) as stack:
             await sequential(stack.url, "vip", 5)
+            alone_here = vip_alone(await mixed_load(stack.url, rate, seconds, only="vip"))
             other = await mixed_load(stack.url, rate, seconds)
             preempted = sim_state(stack)["preemptions"]
             split = vip_split(stack, other)
         stats_other = by_class(other)
         out += table(f"Same load, {title}", stats_other)
-        out += [split, ""]
+        out += [split, "", alone_here.line, ""]
         if preempted:
             out += [f"The model server preempted a running request {preempted} times.", ""]
         on_rate, other_rate = throughput(results, seconds), throughput(other, seconds)
@@ -367,7 +393,8 @@ async def bench(
             f"Answered per second, default / {title}: "
             + ", ".join(f"{c} {on_rate[c]:.1f} / {other_rate[c]:.1f}" for c in KEYS)
             + f"; VIP p99 {stats['vip']['p99']:.3f} s / {stats_other['vip']['p99']:.3f} s "
-            f"({stats_other['vip']['p99'] / quantile(base, 0.99):.2f}x unloaded).",
+            f"({stats_other['vip']['p99'] / quantile(base, 0.99):.2f}x unloaded, "
+            f"{stats_other['vip']['p99'] / alone_here.p99:.2f}x VIP alone at the same times).",
             "",
         ]
     if not fifo:
