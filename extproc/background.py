@@ -6,7 +6,8 @@ Envoy and every small request; in a thread at low priority it stalls the event l
 because it must take the GIL back after each piece, and a low-priority thread that holds the
 GIL while the scheduler runs others keeps every coroutine waiting. A child process has its own
 GIL; at idle priority it gets the cores the rest leave idle, so only the big prompt itself
-waits.
+waits. Idle priority is not all: on a busy two-core machine its bursts still moved the small
+requests' p99, and the token count paces itself in it (`tokens.BACKGROUND_CPU_SHARE`).
 
 One child per gate process, started with the first call (spawn: the gate's gRPC threads must
 not be forked), restarted after a crash; a call it cannot run runs in a thread instead (as

@@ -19,8 +19,10 @@ from __future__ import annotations
 import hashlib
 import json
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Iterator
+from contextlib import contextmanager
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
@@ -34,6 +36,11 @@ from .piececount import PieceCounts, splits_at_spaces
 PER_MESSAGE_OVERHEAD = 4
 SLICE_CHARS = 16_384
 OFFLOAD_CHARS = 32_768
+# The background process counts at most this share of the time: after each slice it sleeps
+# three times the CPU time the slice took. Idle priority alone did not keep its bursts from the
+# small requests' p99 on two busy cores (1.48x with 512 KB prompts in the mix, 1.23x paced:
+# `python -m load.bench_gate --only "512 KB prompts"`); a 512 KB prompt waits ~0.15 s more.
+BACKGROUND_CPU_SHARE = 0.25
 FEW_TEXTS = 4
 KNOWN_MIN_CHARS = 2048
 KNOWN_MAX = 4096
@@ -59,6 +66,30 @@ def slices(text: str, size: int = SLICE_CHARS) -> Iterator[str]:
         start = space + 1
     if start < len(text):
         yield text[start:]
+
+
+def groups(texts: list[str], size: int) -> Iterator[list[str]]:
+    """Consecutive texts of about `size` characters in all (each text at most `size`)."""
+    group: list[str] = []
+    chars = 0
+    for text in texts:
+        if group and chars + len(text) > size:
+            yield group
+            group, chars = [], 0
+        group.append(text)
+        chars += len(text)
+    if group:
+        yield group
+
+
+@contextmanager
+def paced(cpu_share: float) -> Iterator[None]:
+    """Sleep after the block long enough that its CPU time (the process's: the tokenizer runs
+    on its own threads) is `cpu_share` of the whole (1: no sleep)."""
+    started = time.process_time()
+    yield
+    if cpu_share < 1.0:
+        time.sleep((time.process_time() - started) * (1 / cpu_share - 1))
 
 
 class KnownCounts:
@@ -111,14 +142,16 @@ class TokenCounter:
         # Long texts by their pieces between spaces, where that gives this tokenizer's count.
         self._pieces = PieceCounts() if splits_at_spaces(json.loads(self.path.read_text("utf-8"))) else None
 
-    def count(self, texts: list[str], limit: int | None = None) -> int:
+    def count(self, texts: list[str], limit: int | None = None, cpu_share: float = 1.0) -> int:
         """Tokens in `texts` plus the per-message template overhead.
 
         With a `limit`, counting stops as soon as the total passes it; the result is then an
         estimate of the whole (> limit), extrapolated from the part counted. A text of
         `KNOWN_MIN_CHARS` or more counted in full is remembered by its digest: a conversation
         resends every earlier turn, and a long system prompt or document comes again with each
-        question, so only what is new is tokenized (the sum is the same count).
+        question, so only what is new is tokenized (the sum is the same count). With a
+        `cpu_share` below 1, it sleeps after each slice's worth of text, so that it works at
+        most that share of the time (the background process's calls; never the event loop's).
         """
         texts = [t for t in texts if t]
         if not texts:
@@ -134,12 +167,10 @@ class TokenCounter:
             else:
                 total += known
         small = [t for t in todo if len(t) <= self.slice_chars]
-        if len(small) <= FEW_TEXTS:
-            # one call per text: for a few short texts the batch call's thread pool costs more
-            # than the tokenizing (28 against 40 µs for a system prompt and a question)
-            counts = [len(self._tok.encode(t, add_special_tokens=False).ids) for t in small]
-        else:
-            counts = [len(e) for e in self._tok.encode_batch_fast(small, add_special_tokens=False)]
+        counts: list[int] = []
+        for group in groups(small, self.slice_chars):
+            with paced(cpu_share):
+                counts += self._count_short(group)
         for text, n in zip(small, counts, strict=True):
             self._known.put(keys[text], n)
         total += sum(counts)
@@ -150,13 +181,21 @@ class TokenCounter:
             for piece in slices(text, self.slice_chars):
                 if limit is not None and total + tokens > limit:
                     return total + tokens + round(remaining * counted / max(seen, 1))
-                n = self._count_long(piece)
+                with paced(cpu_share):
+                    n = self._count_long(piece)
                 tokens, counted = tokens + n, counted + n
                 seen += len(piece)
                 remaining -= len(piece)
             total += tokens
             self._known.put(keys[text], tokens)
         return total
+
+    def _count_short(self, texts: list[str]) -> list[int]:
+        if len(texts) <= FEW_TEXTS:
+            # one call per text: for a few short texts the batch call's thread pool costs more
+            # than the tokenizing (28 against 40 µs for a system prompt and a question)
+            return [len(self._tok.encode(t, add_special_tokens=False).ids) for t in texts]
+        return [len(e) for e in self._tok.encode_batch_fast(texts, add_special_tokens=False)]
 
     def _count_long(self, text: str) -> int:
         if self._pieces is not None:
@@ -182,4 +221,4 @@ def _counter(path: str, slice_chars: int) -> TokenCounter:
 
 def count_with(path: str, slice_chars: int, texts: list[str], limit: int | None) -> int:
     """`TokenCounter.count` with the tokenizer at `path`: what the background process runs."""
-    return _counter(path, slice_chars).count(texts, limit)
+    return _counter(path, slice_chars).count(texts, limit, BACKGROUND_CPU_SHARE)

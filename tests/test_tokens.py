@@ -5,6 +5,9 @@ from __future__ import annotations
 import json
 import random
 
+import pytest
+
+from extproc import tokens
 from extproc.piececount import splits_at_spaces
 from extproc.tokens import FEW_TEXTS, PER_MESSAGE_OVERHEAD, KnownCounts, TokenCounter, default_tokenizer_path
 
@@ -129,3 +132,31 @@ def test_only_tokenizers_that_split_at_whitespace_are_counted_by_pieces() -> Non
         assert not splits_at_spaces(spec)
     assert splits_at_spaces({**bert, "normalizer": {"type": "Sequence", "normalizers": [
         {"type": "NFD"}, {"type": "Lowercase"}, {"type": "StripAccents"}]}})
+
+
+def test_the_background_count_paces_itself_and_counts_the_same(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each slice of a long text is followed by a sleep three times the slice's CPU time (a
+    quarter of the time counting); the event loop's own calls never sleep."""
+    clock = [0.0]
+    slept: list[float] = []
+
+    def process_time() -> float:
+        clock[0] += 0.001  # each reading: 1 ms of CPU later
+        return clock[0]
+
+    monkeypatch.setattr(tokens.time, "process_time", process_time)
+    monkeypatch.setattr(tokens.time, "sleep", slept.append)
+    counter = TokenCounter(slice_chars=4096)
+    text = " ".join(turn(i) for i in range(3))
+    slices = len(list(tokens.slices(text, 4096)))
+    assert counter.count([text]) == TokenCounter(slice_chars=4096).count([text], cpu_share=0.25)
+    assert len(slept) == slices and all(s == pytest.approx(0.003) for s in slept)
+
+
+def test_many_short_texts_are_paced_by_groups_of_a_slice() -> None:
+    texts = [f"turn {i} " + "word " * 200 for i in range(40)]  # ~1 KB each, 40 KB in all
+    grouped = list(tokens.groups(texts, 4096))
+    assert [t for g in grouped for t in g] == texts  # every text, in order, once
+    assert all(sum(map(len, g)) <= 4096 for g in grouped) and len(grouped) >= 10
+    whole = TokenCounter(slice_chars=10**9)  # all in one call
+    assert TokenCounter(slice_chars=4096).count(texts, cpu_share=0.25) == whole.count(texts)
