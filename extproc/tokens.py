@@ -38,8 +38,8 @@ SLICE_CHARS = 16_384
 OFFLOAD_CHARS = 32_768
 # The background process counts at most this share of the time: after each slice it sleeps
 # three times the CPU time the slice took. Idle priority alone did not keep its bursts from the
-# small requests' p99 on two busy cores (1.48x with 512 KB prompts in the mix, 1.23x paced:
-# `python -m load.bench_gate --only "512 KB prompts"`); a 512 KB prompt waits ~0.15 s more.
+# small requests' p99 on two busy cores (1.48x with 512 KB prompts in the mix, 1.14-1.26x
+# paced: `python -m load.bench_gate --only big`); a 512 KB prompt waits ~0.2 s more.
 BACKGROUND_CPU_SHARE = 0.25
 FEW_TEXTS = 4
 KNOWN_MIN_CHARS = 2048
