@@ -8,10 +8,11 @@ Big prompts must not stall the other streams of a worker: text is counted in sli
 whitespace (a WordPiece pre-tokenizer splits there anyway, so the sum is the whole count; a
 tokenizer that keeps spaces inside its tokens, byte-level BPE, can count one token more at a
 cut), each slice by its distinct pieces between spaces where the tokenizer allows it
-(`piececount.py`), counting stops once a limit is passed (the rest is extrapolated from the characters
-per token seen so far: an "about" figure, always above the limit), and ``measure`` counts
-prompts above ``offload_chars`` in the low-priority child process of `background.py`, with the
-same tokenizer file and the same code, so the count is the one ``count`` gives here.
+(`piececount.py`); counting stops once a limit is passed (the rest is extrapolated from the
+characters per token seen so far: an "about" figure, always above the limit); and
+``measure`` counts prompts above ``offload_chars`` in the low-priority child process of
+`background.py`, paced, with the same tokenizer file and the same code, so the count is the
+one ``count`` gives here.
 """
 
 from __future__ import annotations

@@ -345,14 +345,14 @@ def run_variant(variant: Variant, work: Path, args: argparse.Namespace) -> dict[
         subprocess.run([*wrk, "-d2s", url], capture_output=True, check=True)  # warm-up
         script.write_text(wrk_script(UNIQUE if variant.unique else FIXED))  # new questions
         if variant.big:
-            result = big_rounds(wrk, url, proc, work, args, variant.big_prompts, variant.conversation)
-            return checked(result, result["errors"] + result["alone_errors"], work)
+            rounds = big_rounds(wrk, url, proc, work, args, variant.big_prompts, variant.conversation)
+            return checked(rounds, work)
         cpu_before = group_cpu_seconds(proc.pid) if proc else 0.0
         before = embedding_counts(metrics_ports) if variant.embedder else {}
         embed_cpu_before = thread_cpu_seconds(proc.pid, "embed-") if proc and variant.embedder else 0.0
         spy = profile(proc, variant, args) if proc and args.profile else None
         spy = perf_record(proc, variant, args) if proc and args.perf else spy
-        result = checked(small_load(wrk, url, args.duration), 0, work)
+        result = checked(small_load(wrk, url, args.duration), work)
         if spy is not None:
             spy.wait(30)
         cpu = (group_cpu_seconds(proc.pid) - cpu_before) if proc else 0.0
@@ -377,10 +377,10 @@ def run_variant(variant: Variant, work: Path, args: argparse.Namespace) -> dict[
                 pass
 
 
-def checked(result: dict[str, float], errors: float, work: Path) -> dict[str, float]:
+def checked(result: dict[str, float], work: Path) -> dict[str, float]:
     """The figures, unless small requests were refused: a gate that answers 5xx is fast, and
     its figures say nothing (the logs say why)."""
-    errors = errors or result["errors"]
+    errors = result["errors"] + result.get("alone_errors", 0)
     if errors:
         logs = "".join(f"--- {p.name}\n{p.read_text()[-3000:]}" for p in sorted(work.glob("*.log")))
         raise RuntimeError(f"{errors:.0f} small requests were not answered 2xx:\n{logs}")

@@ -1,4 +1,4 @@
-"""Synthetic prose for the big-prompt benchmarks: text a tokenizer finds as costly as a real document.
+"""Synthetic prose for the big-prompt benchmarks: words, punctuation and numbers, as documents have.
 
 Words are drawn from the default tokenizer's vocabulary (its whole English words, most common
 first) with a long-tailed rank distribution, one in ten with punctuation after it, and one in
