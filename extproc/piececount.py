@@ -14,9 +14,8 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from collections import Counter
-from functools import partial
 from itertools import accumulate, compress, repeat
-from operator import is_, mul
+from operator import mul, not_
 from typing import Any
 
 from tokenizers import Tokenizer
@@ -27,7 +26,6 @@ CHARACTER_WISE = frozenset({"BertNormalizer", "Lowercase", "NFD", "NFKD", "NFC",
 WHITESPACE_SPLIT = frozenset({"BertPreTokenizer", "Whitespace", "WhitespaceSplit"})
 PIECES_MAX = 131_072  # remembered piece counts per process (about 20 MB), then forgotten at once
 PIECE_MAX_CHARS = 64  # a longer piece (a URL, a blob) rarely comes again: not remembered
-is_none = partial(is_, None)
 
 
 def splits_at_spaces(spec: dict[str, Any]) -> bool:
@@ -64,10 +62,11 @@ class PieceCounts:
         pieces = Counter(text.split(" "))
         pieces.pop("", None)
         counts = self._counts
-        # map() and compress() run in C: a long document has tens of thousands of distinct pieces
-        known = list(map(counts.get, pieces))  # None: a piece not seen before
-        total: int = sum(map(mul, map(counts.get, pieces, repeat(0)), pieces.values()))
-        new = list(compress(pieces, map(is_none, known)))
+        # map() and compress() run in C: a long document has tens of thousands of distinct pieces.
+        # 0: a piece not seen before (or one of no token, which is then tokenized again).
+        known = list(map(counts.get, pieces, repeat(0)))
+        total: int = sum(map(mul, known, pieces.values()))
+        new = list(compress(pieces, map(not_, known)))
         if not new:
             return total
         # One call for all the new pieces, joined by spaces (a batch call: it runs without the
