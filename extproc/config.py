@@ -89,6 +89,9 @@ class Rule(Strict):
 
 class Routing(Strict):
     handled_paths: list[str] = Field(default_factory=lambda: ["/v1/chat/completions", "/v1/completions"])
+    # "METHOD /path" requests passed to the default pool untouched; any other path or method
+    # is answered 404 by the gate (and, with the shipped Envoy files, by Envoy before it).
+    passthrough: list[str] = Field(default_factory=lambda: ["GET /v1/models", "GET /health"])
     pools: dict[str, Pool] = Field(
         default_factory=lambda: {
             "primary": Pool(cluster="primary", fallback="fallback"),
@@ -99,6 +102,13 @@ class Routing(Strict):
     default_pool: str | None = "primary"
     rules: list[Rule] = Field(default_factory=list)
     scene_header: str = "x-business-scene"
+
+    @model_validator(mode="after")
+    def _passthrough_shape(self) -> Routing:
+        bad = [e for e in self.passthrough if len(e.split()) != 2 or not e.split()[1].startswith("/")]
+        if bad:
+            raise ValueError(f"passthrough entries must be 'METHOD /path'; got {bad}")
+        return self
 
     @model_validator(mode="after")
     def _pools_exist(self) -> Routing:

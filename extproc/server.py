@@ -21,6 +21,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 
 from .config import ServerTLS
+from .errors import SHOULD_RETRY, error_reply
 from .exchange import Exchange, Reply, new_id, split_gate_headers
 from .pipeline import Pipeline
 from .tls import bind
@@ -102,6 +103,10 @@ class Session:
             return await self._request_headers(request.request_headers)
         if phase == "request_body":
             return await self._request_body(request.request_body)
+        if self.ex is None and phase in ("response_headers", "response_body"):
+            # Envoy's own reply to a request no filter saw (a path it redirected or refused
+            # while normalising it): nothing of it is the gate's.
+            return continue_response(phase, Continue())
         if phase == "response_headers":
             return await self._response_headers(request.response_headers)
         if phase == "response_body":
@@ -123,6 +128,8 @@ class Session:
             request_id=request_id(headers),
         )
         if not self.pipeline.handles(ex.path):
+            if not self.pipeline.passes(ex.method, ex.path):
+                return self._not_found(ex)
             ex.decision = "passthrough"
             remove = stripped + [h for h in CREDENTIALS if h in headers]
             return continue_response(
@@ -174,6 +181,27 @@ class Session:
         self.answered = True
         return immediate_response(Reply(reply.status, reply.body, headers, reply.decision))
 
+    def _not_found(self, ex: Exchange) -> pb.ProcessingResponse:
+        """A path the gate neither handles nor lets through: nothing of it reaches a model."""
+        reply = error_reply(
+            404,
+            f"{ex.method} {ex.path.split('?', 1)[0][:200]} is not served here. This gateway serves "
+            + ", ".join(f"POST {p}" for p in sorted(self.pipeline.handled_paths))
+            + " and "
+            + ", ".join(" ".join(e) for e in sorted(self.pipeline.passthrough))
+            + f". Request id {ex.request_id}.",
+            code="not_found",
+            headers={
+                SHOULD_RETRY: "false",
+                REQUEST_ID_HEADER: ex.request_id,
+                CLIENT_REQUEST_ID: ex.request_id,
+            },
+            decision="not_found",
+        )
+        ex.decision, ex.status = reply.decision, reply.status
+        self.answered = True
+        return immediate_response(reply)
+
     def _exchange(self) -> Exchange:
         if self.ex is None:
             raise ProtocolError("a body or response arrived before the request headers")
@@ -185,7 +213,9 @@ class Session:
         if ex is None:
             return
         metrics = self.pipeline.metrics
-        if ex.decision != "passthrough":
+        if ex.decision == "not_found":
+            metrics.requests.labels("other", ex.decision, "404").inc()
+        elif ex.decision != "passthrough":
             metrics.added_latency.observe(self.busy)
             status = str(ex.status) if ex.status is not None else "none"
             metrics.requests.labels(ex.route_path, ex.decision, status).inc()

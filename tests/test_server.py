@@ -113,6 +113,34 @@ async def test_unhandled_path_passes_through_with_mode_override(stub: pb_grpc.Ex
     assert list(reply.request_headers.response.header_mutation.remove_headers) == ["x-gate-x"]
 
 
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [
+        ("POST", "/v1/embeddings"),
+        ("GET", "/metrics"),
+        ("POST", "/v1/models"),
+        ("POST", "//v1/chat/completions"),
+    ],
+)
+async def test_a_path_neither_handled_nor_allowed_is_refused_404(
+    stub: pb_grpc.ExternalProcessorStub, method: str, path: str
+) -> None:
+    """Behind an Envoy whose own routes would let it through, the gate still refuses it."""
+    (reply,) = await exchange(stub, headers({":method": method, ":path": path}))
+    assert reply.immediate_response.status.code == 404
+    error = orjson.loads(reply.immediate_response.body)["error"]
+    assert error["code"] == "not_found" and "POST /v1/chat/completions" in error["message"]
+
+
+async def test_envoys_own_reply_to_a_request_no_filter_saw_passes_untouched(
+    stub: pb_grpc.ExternalProcessorStub,
+) -> None:
+    """E.g. the redirect of a path with an escaped slash: response headers with no request."""
+    (reply,) = await exchange(stub, response_headers(307))
+    assert reply.HasField("response_headers")
+    assert not reply.response_headers.response.header_mutation.set_headers
+
+
 async def test_body_before_headers_is_a_protocol_error(stub: pb_grpc.ExternalProcessorStub) -> None:
     call = stub.Process()
     await call.write(body(GOOD))
