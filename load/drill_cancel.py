@@ -95,7 +95,8 @@ def report(result: Result, requests: int, questions: int, max_s: float) -> str:
             f"`python -m load.drill_cancel --requests {requests} --questions {questions}`: 2 gate workers,"
             " Redis, real Envoy; every client gives up after a random 1-400 ms while the model takes 600 ms.",
             "",
-            "| requests | cancelled by their client | then asked again | slowest later answer | leases left | result |",
+            "| requests | cancelled by their client | then asked again | slowest later answer"
+            " | leases left | result |",
             "|---:|---:|---:|---:|---:|---|",
             f"| {requests} | {result.cancelled} | {len(result.later_s)} | {max(result.later_s):.3f} s"
             f" | {result.leases_left} | {'PASS' if result.passed(max_s) else 'FAIL'} |",
