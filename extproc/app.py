@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import logging
 import signal
@@ -12,7 +13,7 @@ from .admin import start_admin
 from .config import Config, ConfigError, load_config
 from .metrics import Metrics
 from .pipeline import Pipeline
-from .server import mark_serving, start_server
+from .server import ListenError, mark_draining, mark_serving, start_server
 from .services import Services
 from .stages.admission import Admission
 from .stages.base import Stage
@@ -24,6 +25,7 @@ from .stages.ratelimit import RateLimit
 from .stages.route import Route
 from .stages.token_budget import TokenBudget
 from .stages.validate import Validate
+from .workers import CANNOT_LISTEN
 
 log = logging.getLogger("llm_gate")
 
@@ -94,9 +96,16 @@ async def run_gate(config: Config, index: int = 0, config_path: Path | None = No
     await mark_serving(running.health)
     log.info("gate listening on %s:%d", s.host, running.port)
     stop = asyncio.Event()
+    drain = True
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+
+    def quit_now() -> None:
+        nonlocal drain
+        drain = False
+        stop.set()
+
+    loop.add_signal_handler(signal.SIGTERM, stop.set)
+    loop.add_signal_handler(signal.SIGINT, quit_now)
     reloading = asyncio.Lock()
 
     async def reload() -> None:
@@ -118,7 +127,13 @@ async def run_gate(config: Config, index: int = 0, config_path: Path | None = No
 
     loop.add_signal_handler(signal.SIGHUP, lambda: loop.create_task(reload()))
     await stop.wait()
-    await running.server.stop(config.server.grace_seconds)
+    await mark_draining(running.health)
+    if drain and config.server.drain_seconds > 0:
+        log.info("draining for %.1fs: NOT_SERVING, still answering", config.server.drain_seconds)
+        stop.clear()
+        with contextlib.suppress(TimeoutError):  # a SIGINT meanwhile ends the drain
+            await asyncio.wait_for(stop.wait(), config.server.drain_seconds)
+    await running.server.stop(config.server.grace_seconds if drain else min(config.server.grace_seconds, 1.0))
     if admin is not None:
         await admin.cleanup()
     await running.processor.pipeline.aclose()
@@ -132,4 +147,8 @@ def run_process(config: Config, index: int, config_path: Path | None = None) -> 
     import uvloop
 
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s gate[{index}] %(levelname)s %(message)s")
-    uvloop.run(run_gate(config, index, config_path))
+    try:
+        uvloop.run(run_gate(config, index, config_path))
+    except ListenError as exc:
+        log.error("%s", exc)
+        raise SystemExit(CANNOT_LISTEN) from None

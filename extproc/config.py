@@ -137,6 +137,10 @@ class Server(Strict):
     admin_port: int | None = Field(default=None, ge=0, le=65535)
     workers: int = Field(default=1, ge=1, le=64)
     grace_seconds: float = Field(default=5.0, ge=0)
+    # On SIGTERM the gate first reports NOT_SERVING and keeps serving this long, so the
+    # proxies' health checks (every 2 s, 2 failures) stop sending it new streams; then open
+    # streams get grace_seconds. SIGINT (and the supervisor's death) skips the drain.
+    drain_seconds: float = Field(default=6.0, ge=0)
     # Envoy's ext_proc message_timeout and max_message_timeout: a request that may wait
     # longer (queue, coalescing) first asks Envoy for more time (override_message_timeout).
     envoy_message_timeout_ms: float = Field(default=35_000.0, gt=0)

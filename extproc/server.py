@@ -227,6 +227,10 @@ class ProtocolError(Exception):
     pass
 
 
+class ListenError(OSError):
+    """The gate's port is taken: restarting will not help."""
+
+
 class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
     def __init__(self, pipeline: Pipeline) -> None:
         self.pipeline = pipeline
@@ -304,9 +308,12 @@ async def start_server(
     pb_grpc.add_ExternalProcessorServicer_to_server(processor, server)
     health_servicer = health_aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    bound = bind(server, f"{host}:{port}", tls)
+    try:
+        bound = bind(server, f"{host}:{port}", tls)
+    except RuntimeError:  # grpc's "Failed to bind to address"
+        bound = 0
     if bound == 0:
-        raise OSError(f"cannot listen on {host}:{port}")
+        raise ListenError(f"cannot listen on {host}:{port} (in use by another process?)")
     await server.start()
     await _set_health(health_servicer, health_pb2.HealthCheckResponse.NOT_SERVING)
     return Running(server, bound, health_servicer, processor)
@@ -319,3 +326,8 @@ async def _set_health(servicer: health_aio.HealthServicer, status: int) -> None:
 
 async def mark_serving(servicer: health_aio.HealthServicer) -> None:
     await _set_health(servicer, health_pb2.HealthCheckResponse.SERVING)
+
+
+async def mark_draining(servicer: health_aio.HealthServicer) -> None:
+    """Still answering every stream, but asking the proxies to send new ones elsewhere."""
+    await _set_health(servicer, health_pb2.HealthCheckResponse.NOT_SERVING)
