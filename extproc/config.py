@@ -30,9 +30,16 @@ class Caller(Strict):
 
 
 class Identity(Strict):
+    # Keys in this file are read by anyone who can read the config (a ConfigMap): keep them in
+    # `api_keys_file` (a mounted Secret) or the variable `api_keys_env` names, both YAML or
+    # JSON of the same shape ({key: {tenant, tier, user}}). All three are merged.
     api_keys: dict[str, Caller] = Field(default_factory=dict)
+    api_keys_file: Path | None = None
+    api_keys_env: str | None = None
     anonymous: Caller = Caller(tenant="anonymous", tier="standard")
     unknown_keys: Literal["anonymous", "reject"] = "anonymous"
+    # A request with no key at all: the anonymous caller, or a 401.
+    missing_keys: Literal["anonymous", "reject"] = "anonymous"
     # Only when an upstream auth filter (ext_authz, Istio RequestAuthentication) sets them.
     trust_identity_headers: bool = False
     tenant_header: str = "x-tenant-id"
@@ -40,6 +47,26 @@ class Identity(Strict):
     # The caller's identity headers (tenant, tier, x-priority) reach the model servers only
     # when this is on; its credentials (authorization, x-api-key) never do.
     forward_identity_headers: bool = False
+
+    def keys(self) -> dict[str, Caller]:
+        """Every configured key, read now from the file and the environment too."""
+        found = dict(self.api_keys)
+        sources: list[tuple[str, str]] = []
+        if self.api_keys_file is not None:
+            sources.append((str(self.api_keys_file), self.api_keys_file.read_text(encoding="utf-8")))
+        if self.api_keys_env is not None:
+            if self.api_keys_env not in os.environ:
+                raise ValueError(f"environment variable {self.api_keys_env} is not set")
+            sources.append((f"${self.api_keys_env}", os.environ[self.api_keys_env]))
+        for where, text in sources:
+            doc = yaml.safe_load(text) or {}
+            if not isinstance(doc, dict):
+                raise ValueError(f"{where}: expected a mapping of API key to caller")
+            try:
+                found.update({str(k): Caller.model_validate(v) for k, v in doc.items()})
+            except ValidationError as exc:
+                raise ValueError(f"{where}: {exc.errors()[0]['msg']}") from None
+        return found
 
 
 class RequiredHeader(Strict):

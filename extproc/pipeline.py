@@ -98,10 +98,10 @@ class Pipeline:
         for stage in reversed(self._hooks["on_done"]):
             await self._call(stage, "on_done", stage.on_done(ex))
 
-    def start(self) -> None:
+    async def start(self) -> None:
         """Start the services' background loops (in the running event loop)."""
         if self.services is not None:
-            self.services.start()
+            await self.services.start()
 
     async def aclose(self) -> None:
         """Retire the pipeline: the services it was built on stop and close."""

@@ -24,6 +24,7 @@ from .config import ServerTLS
 from .errors import SHOULD_RETRY, error_reply
 from .exchange import Exchange, Reply, new_id, split_gate_headers
 from .pipeline import Pipeline
+from .tasks import Tasks
 from .tls import bind
 from .wire import Continue, continue_response, header_map, immediate_response, override_timeout
 
@@ -208,19 +209,23 @@ class Session:
         return self.ex
 
     async def close(self) -> None:
-        self.pipeline.active -= 1
-        ex = self.ex
-        if ex is None:
-            return
-        metrics = self.pipeline.metrics
-        if ex.decision == "not_found":
-            metrics.requests.labels("other", ex.decision, "404").inc()
-        elif ex.decision != "passthrough":
-            metrics.added_latency.observe(self.busy)
-            status = str(ex.status) if ex.status is not None else "none"
-            metrics.requests.labels(ex.route_path, ex.decision, status).inc()
-            await self.pipeline.on_done(ex)
-            self.pipeline.log_request(ex, self.busy)
+        """The end of the exchange; the pipeline counts the stream open until its `on_done`
+        ran, so a reload never closes services a finishing request still uses."""
+        try:
+            ex = self.ex
+            if ex is None:
+                return
+            metrics = self.pipeline.metrics
+            if ex.decision == "not_found":
+                metrics.requests.labels("other", ex.decision, "404").inc()
+            elif ex.decision != "passthrough":
+                metrics.added_latency.observe(self.busy)
+                status = str(ex.status) if ex.status is not None else "none"
+                metrics.requests.labels(ex.route_path, ex.decision, status).inc()
+                await self.pipeline.on_done(ex)
+                self.pipeline.log_request(ex, self.busy)
+        finally:
+            self.pipeline.active -= 1
 
 
 class ProtocolError(Exception):
@@ -234,16 +239,17 @@ class ListenError(OSError):
 class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
     def __init__(self, pipeline: Pipeline) -> None:
         self.pipeline = pipeline
-        self._background: set[asyncio.Task[None]] = set()  # retiring pipelines, ending exchanges
+        self.tasks = Tasks(pipeline.metrics)  # retiring pipelines, ending exchanges
 
     def swap(self, pipeline: Pipeline) -> None:
         """New streams use `pipeline`; open ones finish on the old, which closes after them."""
         old, self.pipeline = self.pipeline, pipeline
-        self._keep(asyncio.get_running_loop().create_task(retire(old)))
+        self.tasks.spawn(retire(old), "retire_pipeline")
 
-    def _keep(self, task: asyncio.Task[None]) -> None:
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
+    async def aclose(self, wait_s: float) -> None:
+        """At shutdown, after the server stopped: let the streams' ends run, then close."""
+        await self.tasks.aclose(wait_s)
+        await self.pipeline.aclose()
 
     async def Process(  # noqa: N802 - the gRPC method name
         self, request_iterator: AsyncIterator[pb.ProcessingRequest], context: grpc.aio.ServicerContext
@@ -276,7 +282,7 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
             # closed) with it: an await here could be cut short, and with it the slot's
             # release, the lease's hand-back and the access line. The end of the exchange runs
             # as its own task, which nothing cancels.
-            self._keep(asyncio.get_running_loop().create_task(session.close()))
+            self.tasks.spawn(session.close(), "stream_end")
 
 
 async def retire(pipeline: Pipeline, poll_s: float = 0.1, limit_s: float = 600.0) -> None:

@@ -42,7 +42,9 @@ GOOD = orjson.dumps({"model": "phi-3", "messages": [{"role": "user", "content": 
 @pytest.fixture
 async def stub() -> AsyncIterator[pb_grpc.ExternalProcessorStub]:
     metrics = Metrics()
-    running = await start_server(build_pipeline(Config(), metrics), "127.0.0.1", 0, 2 << 20)
+    pipeline = build_pipeline(Config(), metrics)
+    await pipeline.start()
+    running = await start_server(pipeline, "127.0.0.1", 0, 2 << 20)
     server, port, health = running.server, running.port, running.health
     async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
         check = health_pb2_grpc.HealthStub(channel)
@@ -155,7 +157,9 @@ async def test_with_every_optional_stage_off_a_pools_5xx_still_says_do_not_retry
     off = {"enabled": False}
     config = Config.model_validate({"ratelimit": off, "breaker": off, "cache": off, "admission": off})
     metrics = Metrics()
-    running = await start_server(build_pipeline(config, metrics), "127.0.0.1", 0, 2 << 20)
+    pipeline = build_pipeline(config, metrics)
+    await pipeline.start()
+    running = await start_server(pipeline, "127.0.0.1", 0, 2 << 20)
     try:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{running.port}") as channel:
             stub = pb_grpc.ExternalProcessorStub(channel)
