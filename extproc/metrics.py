@@ -350,7 +350,9 @@ class Metrics:
             registry=r,
         )
         self.token_budget = Counter(
-            "gate_token_budget", "Token budget decisions: allowed, limited, skipped.", ["result"], registry=r
+            "gate_token_budget",
+            "Token budget decisions: allowed, limited, skipped or unavailable (store down).",
+            ["result"], registry=r,
         )
 
     def serve(self, port: int, host: str = "127.0.0.1") -> None:
