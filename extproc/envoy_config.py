@@ -30,6 +30,7 @@ from .envoy_parts import (
     ROUTER,
     TYPE,
     UPSTREAM_IDLE_S,
+    discovery,
     endpoints,
     exact_paths_regex,
     ext_proc_filter,
@@ -124,7 +125,7 @@ def pool_protection() -> dict[str, Any]:
 def pool_cluster(name: str, addresses: list[tuple[str, int]]) -> dict[str, Any]:
     return {
         "name": name,
-        "type": "STATIC",
+        **discovery(addresses),
         "connect_timeout": "1s",
         "lb_policy": "LEAST_REQUEST",
         "load_assignment": {"cluster_name": name, **endpoints(addresses)},
@@ -377,7 +378,11 @@ def main(argv: list[str] | None = None) -> int:
         "--admin", type=_address, default=("127.0.0.1", 9901), help="HOST:PORT of Envoy's admin"
     )
     parser.add_argument(
-        "--gate", type=_address, action="append", help="gate endpoint HOST:PORT; repeat per worker"
+        "--gate",
+        type=_address,
+        action="append",
+        help="gate endpoint HOST:PORT; repeat per worker (a hostname, e.g. a headless Service, "
+        "is resolved to every address behind it)",
     )
     parser.add_argument(
         "--pool",

@@ -6,6 +6,7 @@ Istio objects (`extproc.envoy_istio`).
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from typing import Any
 
@@ -52,6 +53,22 @@ def endpoints(addresses: list[tuple[str, int]]) -> dict[str, Any]:
             }
         ]
     }
+
+
+def discovery(addresses: list[tuple[str, int]]) -> dict[str, Any]:
+    """STATIC for IP addresses; STRICT_DNS when a host is a name, so a headless Service's name
+    yields one endpoint per pod, re-resolved as pods come and go."""
+    if all(_is_ip(host) for host, _ in addresses):
+        return {"type": "STATIC"}
+    return {"type": "STRICT_DNS", "dns_refresh_rate": "5s", "respect_dns_ttl": True}
+
+
+def _is_ip(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
 
 
 def gate_http2() -> dict[str, Any]:
@@ -105,7 +122,7 @@ def gate_cluster(gate: list[tuple[str, int]], streams: int = GATE_STREAMS) -> di
     """The gate speaks gRPC: the cluster MUST be HTTP/2 (validate mode does not catch it)."""
     return {
         "name": GATE_CLUSTER,
-        "type": "STATIC",
+        **discovery(gate),
         "connect_timeout": "0.25s",
         "lb_policy": "LEAST_REQUEST",
         "typed_extension_protocol_options": gate_http2(),

@@ -28,9 +28,14 @@ class PromptBand(_Strict):
 
 
 class Capacity(_Strict):
-    # auto: nvml when nvml_devices are listed, vllm when metrics_urls are, static otherwise.
+    # auto: nvml when nvml_devices are listed, vllm when metrics_urls or metrics_dns are,
+    # static otherwise.
     source: Literal["auto", "nvml", "vllm", "static"] = "auto"
     metrics_urls: list[str] = Field(default_factory=list)  # each pool endpoint's /metrics
+    # HOST:PORT of a headless Service in front of the pool's pods: every address it resolves
+    # to is read (http://ADDRESS:PORT/metrics) at each refresh, so pods that come and go are
+    # counted as they are.
+    metrics_dns: str | None = None
     nvml_devices: list[int] = Field(default_factory=list)
     # Memory in use on those GPUs with no request running (weights, runtime): not KV cache.
     nvml_baseline_gb: float = Field(default=0.0, ge=0)
