@@ -10,10 +10,10 @@ import os
 import shutil
 import signal
 import socket
-import threading
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from dataclasses import dataclass, field
