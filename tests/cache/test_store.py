@@ -7,11 +7,10 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import numpy as np
 import pytest
-import redis.asyncio as aioredis
 
 from extproc.cache.redis_store import RedisStore
 from extproc.cache.store import MemoryStore, Pending, Put, Store
-from load.stack import RedisServer
+from tests.topology import SHARED, clean_client
 
 S, T = "scope-a", "scope-b"
 
@@ -245,14 +244,12 @@ CASES: list[Callable[[Store], Awaitable[None]]] = [
 ]
 
 
-@pytest.fixture(params=["memory", "redis"])
+@pytest.fixture(params=["memory", *SHARED])
 async def store(request: pytest.FixtureRequest) -> AsyncIterator[Store]:
     if request.param == "memory":
         yield MemoryStore()
         return
-    server: RedisServer = request.getfixturevalue("redis_server")
-    client = aioredis.Redis.from_url(server.url)
-    await client.flushall()
+    client = await clean_client(request, request.param)
     yield RedisStore(client)
     await client.aclose()
 
