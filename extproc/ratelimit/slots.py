@@ -7,18 +7,22 @@ charged on its own, atomically in its slot:
 
 1. the caller's repeat window and block (one slot: both carry the caller as hash tag) —
    a block answers at once and charges no bucket;
-2. every bucket at once, each charged if it admits the request;
-3. when any bucket denies it, the buckets that charged it are refunded (their TAT moved
-   back one cost, never before now), so a denied request costs nothing in the end, as
-   with the one-script check on a single node.
+2. the buckets one after the other, the most specific first (user, IP, then tenant and
+   route): each is charged if it admits the request, and the first that denies it ends
+   the check (the ones after it are not asked, so a denied request reaches the shared
+   buckets only when its own ones had room);
+3. the buckets that charged a request another bucket denied are refunded (their TAT
+   moved back one cost, never before now), so a denied request costs nothing in the end,
+   as with the one-script check on a single node.
 
 What this gives up is atomicity across buckets, never a bucket's own bound: each bucket's
-script is atomic, so no bucket ever admits more than `rate × t + burst` (no over-admission).
-Between step 2 and 3 a charge that is about to be refunded holds its place, so under
-concurrency a request may be denied by a bucket that, an instant later, would have had room
-(under-admission, bounded by the requests in flight). A refund lost with its process
-leaves that bucket charged for one request more than it admitted, until it refills.
-`tests/ratelimit/test_slots.py` measures both under concurrency.
+script is atomic, so no bucket ever admits more than `rate × t + burst` (no
+over-admission). Between a charge and its refund the charge holds a place, so under
+concurrency a request may be denied by a bucket that an instant later would have had room
+(under-admission, bounded by the requests in flight and confined to the specific buckets
+of the callers that hit a shared limit). A refund lost with its process leaves that bucket
+charged for one request more than it admitted, until it refills. A request takes one round
+trip per bucket it reaches. `tests/ratelimit/test_slots.py` measures this under concurrency.
 
 Every step is idempotent by the request: each slot keeps the verdict of its part under its
 own key (`<done key>:{<tag>}`), and a refund is made once.
@@ -30,6 +34,10 @@ import asyncio
 from collections.abc import Awaitable, Callable
 
 from .check import BucketSpec, Check, RepeatSpec, Verdict
+from .gcra import Decision
+
+ORDER = ("user", "ip", "tenant", "route")
+NOT_ASKED = Decision(True, None, 0, 0, 0)
 
 # KEYS[1] the bucket, KEYS[2] the refund's mark. ARGV: now_us ('' = Redis TIME), interval_us,
 # cost, keep_ms. Moves the TAT back by cost x interval, never before now; once per mark.
@@ -83,14 +91,24 @@ async def check_by_slot(run_one: RunOne, refund: Refund, check: Check, now: int 
         first = await run_one(Check((), repeat, part_key(check.done_key, repeat.block_key)), now)
         if first.status == "blocked":
             return first
-    parts = await asyncio.gather(
-        *(run_one(Check((b,), None, part_key(check.done_key, b.key)), now) for b in check.buckets)
-    )
-    decisions = tuple(p.decisions[0] for p in parts)
-    if all(d.allowed for d in decisions):
-        return Verdict("allowed", decisions)
-    await asyncio.gather(*(
-        refund(b, part_key(check.done_key, b.key), now)
-        for b, d in zip(check.buckets, decisions, strict=True) if d.allowed
-    ))
-    return Verdict("limited", decisions)
+    decisions: list[Decision | None] = [None] * len(check.buckets)
+    charged: list[BucketSpec] = []
+    denied = False
+    for i in sorted(range(len(check.buckets)), key=lambda i: specificity(check.buckets[i])):
+        bucket = check.buckets[i]
+        part = await run_one(Check((bucket,), None, part_key(check.done_key, bucket.key)), now)
+        decisions[i] = part.decisions[0]
+        if not part.decisions[0].allowed:
+            denied = True
+            break
+        charged.append(bucket)
+    if not denied:
+        return Verdict("allowed", tuple(d for d in decisions if d is not None))
+    await asyncio.gather(*(refund(b, part_key(check.done_key, b.key), now) for b in charged))
+    # A bucket not asked reports room and no wait: the one that denied is the tightest.
+    return Verdict("limited", tuple(d if d is not None else NOT_ASKED for d in decisions))
+
+
+def specificity(bucket: BucketSpec) -> int:
+    """Order of asking: a caller's own buckets before the ones it shares with others."""
+    return ORDER.index(bucket.name) if bucket.name in ORDER else len(ORDER)
