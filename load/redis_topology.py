@@ -166,16 +166,21 @@ class ClusterGroup:
     def _command(self, port: int) -> list[str]:
         return [*redis_command(port, self.p.dir), "--cluster-enabled", "yes",
                 "--cluster-config-file", f"nodes-{port}.conf",
-                "--cluster-node-timeout", str(self.node_timeout_ms)]
+                "--cluster-node-timeout", str(self.node_timeout_ms),
+                # A replica may take over however long it was cut off (what a drill wants).
+                "--cluster-replica-validity-factor", "0"]
 
     def wait_ok(self, timeout: float = 30) -> None:
         """Every running node says the cluster is ok and three masters serve all slots."""
         def ok() -> bool:
+            masters = self.masters()
             for port in self.p.procs:
                 info = _node(port).execute_command("CLUSTER", "INFO").decode()
                 if "cluster_state:ok" not in info:
                     return False
-            return len(self.masters()) == 3
+                if port not in masters and not _link_up(port):  # a replica still syncing
+                    return False
+            return len(masters) == 3
         wait_until(ok, timeout, "cluster state ok")
 
     def masters(self) -> dict[int, list[tuple[int, int]]]:
@@ -189,6 +194,22 @@ class ClusterGroup:
     def master_of(self, key: str) -> int:
         slot = int(_node(next(iter(self.p.procs))).execute_command("CLUSTER", "KEYSLOT", key))
         return next(p for p, ranges in self.masters().items() if any(a <= slot <= b for a, b in ranges))
+
+    def migrate_slot_of(self, key: str, to: int | None = None) -> tuple[int, int, int]:
+        """Move the slot of `key` to another master, live, as `redis-cli --cluster reshard`
+        does (IMPORTING / MIGRATING, MIGRATE of its keys, SETSLOT NODE); (slot, from, to)."""
+        slot = int(_node(next(iter(self.p.procs))).execute_command("CLUSTER", "KEYSLOT", key))
+        source = self.master_of(key)
+        target = to or next(p for p in self.masters() if p != source)
+        src, dst = _node(source), _node(target)
+        src_id, dst_id = (n.execute_command("CLUSTER", "MYID").decode() for n in (src, dst))
+        dst.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", src_id)
+        src.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", dst_id)
+        while keys := src.execute_command("CLUSTER", "GETKEYSINSLOT", slot, 1000):
+            src.execute_command("MIGRATE", LOOPBACK, target, "", 0, 5000, "KEYS", *keys)
+        for port in (target, source, *self.masters()):
+            _node(port).execute_command("CLUSTER", "SETSLOT", slot, "NODE", dst_id)
+        return slot, source, target
 
     def kill(self, port: int) -> None:
         self.p.kill(port)

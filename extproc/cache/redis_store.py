@@ -29,7 +29,7 @@ import zlib
 from collections.abc import Callable
 from typing import Any
 
-from redis.exceptions import RedisError
+from redis.exceptions import RedisClusterException, RedisError
 
 from ..redis_client import Client, is_cluster
 from .store import Lookup, Pending, Put
@@ -262,7 +262,7 @@ class RedisStore:
                     await self._listen_sharded(wake, idle_s)
                 else:
                     await self._listen_plain(wake, idle_s)
-            except (RedisError, OSError):
+            except (RedisError, RedisClusterException, OSError):  # a slot without a master, meanwhile
                 await asyncio.sleep(idle_s)
 
     async def _listen_plain(self, wake: Callable[[str], None], idle_s: float) -> None:
