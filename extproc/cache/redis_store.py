@@ -29,7 +29,7 @@ import zlib
 from collections.abc import Callable
 from typing import Any
 
-from redis.exceptions import RedisClusterException, RedisError
+from redis.exceptions import NoScriptError, RedisClusterException, RedisError
 
 from ..redis_client import Client, is_cluster
 from .store import Lookup, Pending, Put
@@ -211,12 +211,27 @@ class RedisStore:
         args: list[Any] = [p, item.key, item.entry, item.ttl_ms, item.token or "", item.max_entries,
                            item.vector or b"", item.band_cap, *item.bands]
         keys = [p + "e:" + item.key, p + "l:" + item.key, p + "z", p + "v", p + "s"]
+        if self.cluster:  # the scope's script alone on its slot, then the rest routed per key
+            await self._put(keys=keys, args=args)
+            await self._put_rest(item, None)
+            return
+        try:
+            await self._put_rest(item, (keys, args))
+        except NoScriptError:  # a new or restarted master that never saw the script
+            await self.client.script_load(PUT)
+            await self._put_rest(item, (keys, args))
+
+    async def _put_rest(self, item: Put, script: tuple[list[str], list[Any]] | None) -> None:
+        """The scope indexes and the notice, in one pipeline, after the PUT script when given.
+
+        EVALSHA by hand: a redis-py pipeline that runs a `Script` first asks SCRIPT EXISTS,
+        one more round trip on every store.
+        """
         pipe: Any
         async with self.client.pipeline(transaction=False) as pipe:
-            if self.cluster:  # the scope's script alone on its slot, then the rest routed per key
-                await self._put(keys=keys, args=args)
-            else:
-                await self._put(keys=keys, args=args, client=pipe)
+            if script is not None:
+                keys, args = script
+                pipe.evalsha(self._put.sha, len(keys), *keys, *args)
             for index in (f"{PREFIX}t:{item.tenant}", f"{PREFIX}m:{item.model}"):
                 pipe.sadd(index, item.scope)
                 pipe.pexpire(index, item.ttl_ms, gt=True)

@@ -257,3 +257,15 @@ async def store(request: pytest.FixtureRequest) -> AsyncIterator[Store]:
 @pytest.mark.parametrize("case", CASES, ids=[c.__name__ for c in CASES])
 async def test_store_behaviour(store: Store, case: Callable[[Store], Awaitable[None]]) -> None:
     await case(store)
+
+
+@pytest.mark.parametrize("kind", SHARED)
+async def test_a_master_that_lost_its_scripts_still_stores(request: pytest.FixtureRequest, kind: str) -> None:
+    """A promoted replica or a restarted node may not have the scripts: loaded again on use."""
+    client = await clean_client(request, kind)
+    store = RedisStore(client)
+    await store.put(Put("s", "k1", b"one", 60_000, 10, "t", "m"))
+    await client.script_flush()
+    await store.put(Put("s", "k2", b"two", 60_000, 10, "t", "m", token="tok"))
+    assert (await store.lookup("s", "k2", None, 0)).entry == b"two"
+    await client.aclose()
