@@ -13,6 +13,7 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from .redis_config import RedisTopology, check_url
 from .scheduler.settings import Admission
 
 Tier = Literal["vip", "premium", "standard"]
@@ -187,8 +188,12 @@ class Server(Strict):
 
 
 class Store(Strict):
-    # None: the in-process store (one process only). "redis://127.0.0.1:6379/0" to share.
+    # None: the in-process store (one process only). "redis://127.0.0.1:6379/0" to share
+    # (the same as `redis: {mode: single, url: ...}`).
     redis_url: str | None = None
+    # Single node, Sentinel or Cluster, with credentials from files or the environment
+    # (extproc/redis_config.py, docs/redis.md).
+    redis: RedisTopology | None = None
     # While the store is up, a call may take this long before the request goes on without
     # it: long enough that an event loop busy with a burst is not mistaken for an outage.
     op_timeout_ms: float = Field(default=100.0, gt=0)
@@ -196,6 +201,21 @@ class Store(Strict):
     # skipped at once until a ping every `probe_interval_ms` finds it back.
     down_after: int = Field(default=3, ge=1)
     probe_interval_ms: float = Field(default=500.0, gt=0)
+
+    @model_validator(mode="after")
+    def _one_redis(self) -> Store:
+        if self.redis_url is not None and self.redis is not None:
+            raise ValueError("set store.redis or store.redis_url, not both")
+        if self.redis_url is not None:
+            check_url(self.redis_url)
+        return self
+
+    @property
+    def topology(self) -> RedisTopology | None:
+        """The Redis to share state through; None: the in-process store."""
+        if self.redis is not None:
+            return self.redis
+        return None if self.redis_url is None else RedisTopology(url=self.redis_url)
 
 
 class RequestRate(Strict):

@@ -8,7 +8,10 @@ after `down_after` failures in a row; then calls are skipped at once (fail open,
 
 No call is retried on a time-out: a script that ran but whose reply was late must not run
 twice. The scripts are idempotent by request token anyway, so the one retry on a dead
-pooled connection (after a Redis restart) cannot change an outcome.
+pooled connection (after a Redis restart or a failover) cannot change an outcome.
+
+Which node answers is the client's business (`redis_client`): after a Sentinel promotion
+or a Cluster failover the probe's ping reaches the new master, and the store is up again.
 """
 
 from __future__ import annotations
@@ -19,48 +22,45 @@ import time
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
-import redis.asyncio as aioredis
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
+from redis.exceptions import (
+    ClusterDownError,
+    MasterDownError,
+    RedisClusterException,
+    RedisError,
+    TryAgainError,
+)
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .config import Store
 from .metrics import Metrics
+from .redis_client import Client, connect_topology
+from .redis_client import ping as ping_store
 from .tasks import Tasks
 
 T = TypeVar("T")
 log = logging.getLogger("llm_gate.redis")
-OUTAGE = (RedisConnectionError, RedisTimeoutError, OSError, TimeoutError)
-# The socket's own limit only catches a connection that stopped answering; the budget of a
-# call is enforced above it, per call.
-SOCKET_TIMEOUT_S = 2.0
+# A Cluster between a master's death and its replica's promotion answers CLUSTERDOWN,
+# TRYAGAIN or MASTERDOWN, or its client finds no node for a slot: as down as a refused call.
+OUTAGE = (RedisConnectionError, RedisTimeoutError, OSError, TimeoutError, ClusterDownError, TryAgainError,
+          MasterDownError, RedisClusterException)
 # A store that does not answer a ping within this long is down, however busy this process is.
 CHECK_BUDGET_S = 1.0
 
 
-def connect(config: Store) -> aioredis.Redis | None:
-    if config.redis_url is None:
+def connect(config: Store) -> Client | None:
+    """The client of the configured topology; None: the in-process store."""
+    topology = config.topology
+    if topology is None:
         return None
-    return aioredis.Redis.from_url(
-        config.redis_url,
-        socket_timeout=SOCKET_TIMEOUT_S,
-        socket_connect_timeout=max(config.op_timeout_ms / 1000, 0.05),
-        retry_on_timeout=False,
-        health_check_interval=0,
-        # After a Redis restart every idle pooled connection is dead and fails its next
-        # command once; one immediate retry on a fresh connection hides that.
-        retry=Retry(NoBackoff(), 1),
-        retry_on_error=[RedisConnectionError],
-    )
+    return connect_topology(topology, connect_timeout_s=max(config.op_timeout_ms / 1000, 0.05))
 
 
 class StoreGuard:
     """Every request-path store call goes through `run`; `up` is this process's view."""
 
     def __init__(
-        self, client: aioredis.Redis | None, config: Store, metrics: Metrics, tasks: Tasks,
+        self, client: Client | None, config: Store, metrics: Metrics, tasks: Tasks,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.client = client
@@ -147,7 +147,7 @@ class StoreGuard:
             return True
         try:
             async with asyncio.timeout(budget_s):
-                await self.client.ping()
+                await ping_store(self.client)
         except (*OUTAGE, RedisError):
             return False
         return True

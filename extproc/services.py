@@ -58,7 +58,7 @@ class Services:
         redis = connect(config.store)
         store = StoreGuard(redis, config.store, metrics, tasks)
         c = config.cache
-        answers = answer_store(redis, config.store.redis_url if c.enabled else None)
+        answers = answer_store(redis, config.store.topology if c.enabled else None)
         # The breaker's sync loop is off the request path: its own client, a looser time box.
         breaker_store = config.store.model_copy(update={"op_timeout_ms": config.breaker.sync_timeout_ms})
         breaker_client = connect(breaker_store)

@@ -8,6 +8,7 @@ from hypothesis import HealthCheck, settings
 
 from extproc.embed import OnnxEmbedder, load_embedder
 from extproc.embed.build import build_e5, build_minilm
+from load.redis_topology import ClusterGroup, SentinelGroup
 from load.stack import RedisServer
 
 # The machines are shared and noisy: a slow example is not a failure.
@@ -21,6 +22,22 @@ def redis_server() -> Iterator[RedisServer]:
     server = RedisServer().start()
     yield server
     server.kill()
+
+
+@pytest.fixture(scope="session")
+def redis_cluster() -> Iterator[ClusterGroup]:
+    """A 6-node Redis Cluster (3 masters, 3 replicas), started once per run (~3 s)."""
+    cluster = ClusterGroup().start()
+    yield cluster
+    cluster.close()
+
+
+@pytest.fixture(scope="session")
+def redis_sentinel() -> Iterator[SentinelGroup]:
+    """1 master + 2 replicas + 3 sentinels, started once per run (~8 s)."""
+    group = SentinelGroup().start()
+    yield group
+    group.close()
 
 
 @pytest.fixture(scope="session")

@@ -24,10 +24,9 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
-import redis.asyncio as aioredis
-
 from ..config import Breaker as BreakerConfig
 from ..metrics import Metrics
+from ..redis_client import Client
 from ..redis_conn import timeboxed
 from ..tasks import Tasks
 from . import shared
@@ -84,7 +83,7 @@ class Breakers:
         config: BreakerConfig,
         pools: Iterable[str],
         metrics: Metrics,
-        redis: aioredis.Redis | None = None,
+        redis: Client | None = None,
         *,
         clock: Callable[[], float] = time.time,
         draw: Callable[[], float] = random.random,
@@ -214,7 +213,7 @@ class Breakers:
         self._observe(name, pb, now)
 
     async def _sync_shared(
-        self, name: str, pb: PoolBreaker, redis: aioredis.Redis, now: float, overdue: list[float]
+        self, name: str, pb: PoolBreaker, redis: Client, now: float, overdue: list[float]
     ) -> Stats | None:
         """Share new samples, adopt the shared state, return the merged window (None: Redis failed)."""
         cfg, window = self.config, pb.window

@@ -13,8 +13,8 @@ from collections.abc import Iterable
 from typing import Any
 
 import orjson
-import redis.asyncio as aioredis
 
+from ..redis_client import Client
 from .state import BreakerState, Phase
 from .window import Slice
 
@@ -34,11 +34,12 @@ return 1
 
 
 def state_key(prefix: str, pool: str) -> str:
-    return f"{prefix}{pool}:state"
+    return f"{prefix}{{{pool}}}:state"
 
 
 def slice_key(prefix: str, pool: str, index: int) -> str:
-    return f"{prefix}{pool}:w:{index}"
+    """A pool's keys share its name as hash tag: one slot of a Cluster, one node per sync."""
+    return f"{prefix}{{{pool}}}:w:{index}"
 
 
 def encode_state(state: BreakerState) -> bytes:
@@ -66,7 +67,7 @@ def decode_slice(raw: dict[bytes, bytes]) -> Slice:
     return part
 
 
-async def push(redis: aioredis.Redis, prefix: str, pool: str, pending: dict[int, Slice], ttl_s: int) -> None:
+async def push(redis: Client, prefix: str, pool: str, pending: dict[int, Slice], ttl_s: int) -> None:
     if not pending:
         return
     pipe = redis.pipeline(transaction=False)
@@ -80,19 +81,19 @@ async def push(redis: aioredis.Redis, prefix: str, pool: str, pending: dict[int,
     await pipe.execute()
 
 
-async def read_slices(redis: aioredis.Redis, prefix: str, pool: str, span: Iterable[int]) -> list[Slice]:
+async def read_slices(redis: Client, prefix: str, pool: str, span: Iterable[int]) -> list[Slice]:
     pipe = redis.pipeline(transaction=False)
     for index in span:
         pipe.hgetall(slice_key(prefix, pool, index))
     return [decode_slice(raw) for raw in await pipe.execute() if raw]
 
 
-async def read_state(redis: aioredis.Redis, prefix: str, pool: str) -> BreakerState | None:
+async def read_state(redis: Client, prefix: str, pool: str) -> BreakerState | None:
     return decode_state(await redis.get(state_key(prefix, pool)))
 
 
 async def write_state(
-    redis: aioredis.Redis, prefix: str, pool: str, expected_version: int, new: BreakerState
+    redis: Client, prefix: str, pool: str, expected_version: int, new: BreakerState
 ) -> bool:
     """Compare-and-set: True when `new` replaced the state at `expected_version`."""
     done = await redis.eval(CAS, 1, state_key(prefix, pool), expected_version, encode_state(new))

@@ -17,9 +17,8 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-import redis.asyncio as aioredis
-
 from ..dedup.selfcheck import Counts
+from ..redis_client import Client, is_cluster
 
 TOKEN_TTL_MS = 86_400_000
 
@@ -77,7 +76,7 @@ return {n or '0', ok or '0'}
 
 
 class RedisBins:
-    def __init__(self, client: aioredis.Redis, prefix: str = "gate:sc:") -> None:
+    def __init__(self, client: Client, prefix: str = "gate:sc:") -> None:
         self.client = client
         self.prefix = prefix
         self._record = client.register_script(RECORD)
@@ -91,8 +90,15 @@ class RedisBins:
 
     async def record(self, tenant: str, language: str, bin: str, agreed: bool, token: str) -> Counts:
         h = self._hash(tenant, language)
+        keys = [h, f"{h}:r:{token}"]
+        args: list[str | int] = [bin, int(agreed), TOKEN_TTL_MS]
+        pipe: Any
+        if is_cluster(self.client):  # the index lives on another slot: its own command
+            n, ok = await self._record(keys=keys, args=args)
+            await self.client.sadd(f"{self.prefix}index", f"{tenant}\t{language}")
+            return Counts(int(n), int(ok))
         async with self.client.pipeline(transaction=False) as pipe:
-            await self._record(keys=[h, f"{h}:r:{token}"], args=[bin, int(agreed), TOKEN_TTL_MS], client=pipe)
+            await self._record(keys=keys, args=args, client=pipe)
             pipe.sadd(f"{self.prefix}index", f"{tenant}\t{language}")
             result: list[Any] = await pipe.execute()
         n, ok = result[0]

@@ -12,23 +12,34 @@ scope lives in one slot of a Redis Cluster and each script touches one slot.
               candidates call reads at most bands x band_cap members however skewed the traffic
               (a bucket of template prompts would otherwise hold most of the scope)
 Outside the scopes: `gate:c:t:<tenant>` and `gate:c:m:<model>` list a tenant's and a model's
-scopes, for purges.
+scopes, for purges (plain commands, each on its own slot).
+
+Notices (an answer landed, a lease was handed back) wake followers in other processes. On
+one node or Sentinel they go out on the channel `gate:c:notices`; on a Cluster, with
+sharded pub/sub (SPUBLISH / SSUBSCRIBE), on one of `NOTICE_SHARDS` channels
+`gate:c:notices:{<n>}` chosen by the key, so they spread over the masters and never
+cross the cluster bus to every node. The listener follows its channels to a new master
+after a failover or a slot move (a dropped subscription is made again).
 """
 
 from __future__ import annotations
 
 import asyncio
+import zlib
 from collections.abc import Callable
 from typing import Any
 
-import redis.asyncio as aioredis
-from redis.exceptions import RedisError
+from redis.exceptions import NoScriptError, RedisClusterException, RedisError
 
+from ..redis_client import Client, is_cluster
 from .store import Lookup, Pending, Put
 
 PREFIX = "gate:c:"
 # Every process listens here: "<scope>.<key>" once an answer landed or a lease was handed back.
 NOTICES = "gate:c:notices"
+NOTICE_SHARDS = 16
+# A sharded listener polls one master's connection at a time: this long on each.
+SHARD_POLL_S = 0.02
 
 _NOW = "local t = redis.call('TIME'); local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)\n"
 
@@ -140,10 +151,7 @@ return 1
 """
 
 RELEASE = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  redis.call('PUBLISH', ARGV[2], ARGV[3])
-  return redis.call('DEL', KEYS[1])
-end
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0
 """
 
@@ -162,9 +170,15 @@ def scope_prefix(scope: str) -> str:
     return f"{PREFIX}{{{scope}}}:"
 
 
+def notice_channel(slot: str) -> str:
+    """The sharded channel that carries the notices of `slot` ("<scope>.<key>")."""
+    return f"{NOTICES}:{{{zlib.crc32(slot.encode()) % NOTICE_SHARDS}}}"
+
+
 class RedisStore:
-    def __init__(self, client: aioredis.Redis) -> None:
+    def __init__(self, client: Client) -> None:
         self.client = client
+        self.cluster = is_cluster(client)
         self._lookup = client.register_script(LOOKUP)
         self._candidates = client.register_script(CANDIDATES)
         self._put = client.register_script(PUT)
@@ -197,15 +211,40 @@ class RedisStore:
         args: list[Any] = [p, item.key, item.entry, item.ttl_ms, item.token or "", item.max_entries,
                            item.vector or b"", item.band_cap, *item.bands]
         keys = [p + "e:" + item.key, p + "l:" + item.key, p + "z", p + "v", p + "s"]
+        if self.cluster:  # the scope's script alone on its slot, then the rest routed per key
+            await self._put(keys=keys, args=args)
+            await self._put_rest(item, None)
+            return
+        try:
+            await self._put_rest(item, (keys, args))
+        except NoScriptError:  # a new or restarted master that never saw the script
+            await self.client.script_load(PUT)
+            await self._put_rest(item, (keys, args))
+
+    async def _put_rest(self, item: Put, script: tuple[list[str], list[Any]] | None) -> None:
+        """The scope indexes and the notice, in one pipeline, after the PUT script when given.
+
+        EVALSHA by hand: a redis-py pipeline that runs a `Script` first asks SCRIPT EXISTS,
+        one more round trip on every store.
+        """
+        pipe: Any
         async with self.client.pipeline(transaction=False) as pipe:
-            await self._put(keys=keys, args=args, client=pipe)
+            if script is not None:
+                keys, args = script
+                pipe.evalsha(self._put.sha, len(keys), *keys, *args)
             for index in (f"{PREFIX}t:{item.tenant}", f"{PREFIX}m:{item.model}"):
                 pipe.sadd(index, item.scope)
                 pipe.pexpire(index, item.ttl_ms, gt=True)
                 pipe.pexpire(index, item.ttl_ms, nx=True)
             if item.token is not None:  # followers elsewhere: the answer is in
-                pipe.publish(NOTICES, f"{item.scope}.{item.key}")
+                self._notice(pipe, f"{item.scope}.{item.key}")
             await pipe.execute()
+
+    def _notice(self, pipe: Any, slot: str) -> None:
+        if self.cluster:
+            pipe.spublish(notice_channel(slot), slot)
+        else:
+            pipe.publish(NOTICES, slot)
 
     async def pend(self, item: Pending) -> None:
         p = scope_prefix(item.scope)
@@ -221,21 +260,53 @@ class RedisStore:
         return [None if v is None else _text(v) for v in values]
 
     async def release(self, scope: str, key: str, token: str) -> bool:
-        keys, args = [scope_prefix(scope) + "l:" + key], [token, NOTICES, f"{scope}.{key}"]
-        return bool(await self._release(keys=keys, args=args))
+        """Hand the lease back if `token` holds it; waiters elsewhere then hear of it."""
+        released = bool(await self._release(keys=[scope_prefix(scope) + "l:" + key], args=[token]))
+        if released:
+            pipe: Any
+            async with self.client.pipeline(transaction=False) as pipe:
+                self._notice(pipe, f"{scope}.{key}")
+                await pipe.execute()
+        return released
 
     async def listen(self, wake: Callable[[str], None], idle_s: float = 1.0) -> None:
         """Call `wake(slot)` for every notice, for as long as the process runs; reconnects."""
         while True:
             try:
-                async with self.client.pubsub(ignore_subscribe_messages=True) as pubsub:
-                    await pubsub.subscribe(NOTICES)
-                    while True:
-                        message = await pubsub.get_message(timeout=idle_s)
-                        if message is not None and message.get("type") == "message":
-                            wake(_text(message["data"]))
-            except (RedisError, OSError):
+                if self.cluster:
+                    await self._listen_sharded(wake, idle_s)
+                else:
+                    await self._listen_plain(wake, idle_s)
+            except (RedisError, RedisClusterException, OSError):  # a slot without a master, meanwhile
                 await asyncio.sleep(idle_s)
+
+    async def _listen_plain(self, wake: Callable[[str], None], idle_s: float) -> None:
+        client: Any = self.client
+        async with client.pubsub(ignore_subscribe_messages=True) as pubsub:
+            await pubsub.subscribe(NOTICES)
+            while True:
+                message = await pubsub.get_message(timeout=idle_s)
+                if message is not None and message.get("type") == "message":
+                    wake(_text(message["data"]))
+
+    async def _listen_sharded(self, wake: Callable[[str], None], idle_s: float) -> None:
+        client: Any = self.client
+        pubsub = client.pubsub()
+        try:
+            await pubsub.ssubscribe(*(f"{NOTICES}:{{{n}}}" for n in range(NOTICE_SHARDS)))
+            while True:
+                message = await pubsub.get_sharded_message(
+                    ignore_subscribe_messages=True, timeout=SHARD_POLL_S
+                )
+                if message is None:
+                    if not pubsub.node_pubsub_mapping:  # every subscription was dropped: make them again
+                        await asyncio.sleep(idle_s)
+                        return
+                    await asyncio.sleep(0)  # no node had one: let the loop run before the next round
+                elif message.get("type") == "smessage":
+                    wake(_text(message["data"]))
+        finally:
+            await pubsub.aclose()
 
     async def abandon(self, scope: str, key: str, waited_ms: int, ttl_ms: int) -> None:
         await self.client.set(scope_prefix(scope) + "a:" + key, waited_ms, px=ttl_ms)
@@ -258,7 +329,9 @@ class RedisStore:
         indexes += [f"{PREFIX}m:{model}"] if model is not None else []
         if not indexes:
             raise ValueError("purge needs a tenant, a model, or a scope and key")
-        scopes = [_text(s) for s in await self.client.sinter(indexes)]
+        # Each index on its own slot: intersected here, not by SINTER (one slot only on a Cluster).
+        members = [{_text(m) for m in await self.client.smembers(i)} for i in indexes]
+        scopes = sorted(set.intersection(*members))
         dropped = 0
         for s in scopes:
             p = scope_prefix(s)

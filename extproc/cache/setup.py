@@ -18,6 +18,8 @@ import numpy as np
 from ..config import CacheSemantic as SemanticConfig
 from ..config import SemanticProfile
 from ..metrics import Metrics
+from ..redis_client import connect_sync
+from ..redis_config import RedisTopology
 from .center import check_dim, read_center
 from .redis_store import CANDIDATES, LOOKUP, PUT, RELEASE, RENEW, RedisStore
 from .semantic import Matcher
@@ -142,23 +144,24 @@ def load_matchers(cfg: SemanticConfig, metrics: Metrics, processes: int = 1) -> 
     return Matchers(matcher_for(cfg), profiles)
 
 
-def preload_scripts(redis_url: str) -> None:
-    """Load the Lua scripts once, so the first time-boxed call is not spent on SCRIPT LOAD."""
+def preload_scripts(topology: RedisTopology) -> None:
+    """Load the Lua scripts once (on every master of a Cluster), so the first time-boxed call
+    is not spent on SCRIPT LOAD."""
     import redis
 
     try:
-        client: Any = redis.Redis.from_url(redis_url, socket_timeout=1.0, socket_connect_timeout=1.0)
+        client: Any = connect_sync(topology, timeout_s=1.0)
         for script in (LOOKUP, CANDIDATES, PUT, RELEASE, RENEW):
             client.script_load(script)
         client.close()
-    except (redis.RedisError, OSError) as exc:
+    except (redis.RedisError, OSError, ValueError) as exc:
         log.warning("could not preload cache scripts (%s); they load on first use", exc)
 
 
-def answer_store(redis: Any, redis_url: str | None) -> Store:
+def answer_store(redis: Any, topology: RedisTopology | None) -> Store:
     """The answers' store for one process: Redis when configured, else in memory."""
     if redis is None:
         return MemoryStore()
-    if redis_url:
-        preload_scripts(redis_url)
+    if topology is not None:
+        preload_scripts(topology)
     return RedisStore(redis)

@@ -1,7 +1,8 @@
 """Who a request counts against: client IP, caller, prompt fingerprint, and the buckets.
 
 Pure: headers and payload in, a `Check` out. Keys hold tenant names, user ids, key hashes,
-IPs and prompt hashes, never an API key or a prompt's text.
+IPs and prompt hashes, never an API key or a prompt's text. Each key's owner is its hash tag
+(`gate:rl:t:{acme}`), so on a Redis Cluster each bucket has a slot of its own.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from ..request import prompt_texts
 from ..textform import collapse_spaces
 from .check import BucketSpec, Check, RepeatSpec
 from .gcra import US
-from .store import BLOCK
+from .store import block_key, tagged
 
 
 def client_ip(headers: dict[str, str], trusted_hops: int) -> str | None:
@@ -62,15 +63,16 @@ def plan(config: RateLimit, ex: Exchange, ip: str | None, fingerprint: str | Non
     buckets: list[BucketSpec] = []
     if tier is not None:
         if tier.tenant is not None:
-            buckets.append(BucketSpec("tenant", f"{p}t:{ex.tenant}", tier.tenant.rate, tier.tenant.burst))
+            key = tagged(p, "t", ex.tenant)
+            buckets.append(BucketSpec("tenant", key, tier.tenant.rate, tier.tenant.burst))
         if tier.user is not None and ex.user:
-            key = f"{p}u:{ex.tenant}:{ex.user}:{route}"
+            key = tagged(p, "u", ex.tenant, ex.user, route)
             buckets.append(BucketSpec("user", key, tier.user.rate, tier.user.burst))
         if tier.ip is not None and ip:
-            buckets.append(BucketSpec("ip", f"{p}ip:{ip}", tier.ip.rate, tier.ip.burst))
+            buckets.append(BucketSpec("ip", tagged(p, "ip", ip), tier.ip.rate, tier.ip.burst))
     shared = config.routes.get(route)
     if shared is not None:
-        buckets.append(BucketSpec("route", f"{p}r:{route}", shared.rate, shared.burst))
+        buckets.append(BucketSpec("route", tagged(p, "r", route), shared.rate, shared.burst))
     repeat = None
     r = config.repeat
     if r.enabled and fingerprint:
@@ -79,9 +81,10 @@ def plan(config: RateLimit, ex: Exchange, ip: str | None, fingerprint: str | Non
             {"tenant": ex.tenant, "tier": ex.tier, "prompt": fingerprint, "repeats": r.max_repeats + 1,
              "window_s": r.window_s}
         ).decode()
+        # The arrivals and the block share the caller as hash tag: one slot, one script.
         repeat = RepeatSpec(
-            key=f"{p}rep:{who}:{fingerprint}",
-            block_key=f"{p}{BLOCK}{who}",
+            key=f"{tagged(p, 'rep', who)}:{fingerprint}",
+            block_key=block_key(p, who),
             limit=r.max_repeats,
             window=round(r.window_s * US),
             block=round(r.block_s * US),

@@ -2,21 +2,27 @@
 
 Both run `check.evaluate`'s algorithm: the memory store calls it, the Redis store runs
 `ratelimit.lua`, one atomic EVALSHA per request whatever the number of buckets, so every
-gate replica sees the same buckets.
+gate replica sees the same buckets. On a Redis Cluster one request's buckets live in
+different slots: each is checked and charged in its own slot (`slots.py` says how, and
+what that gives up).
+
+Every key carries a hash tag (`{...}`): a bucket its owner, the repeat window and the block
+the caller, so what one script touches is always in one slot.
 """
 
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any, Protocol
 
-import redis.asyncio as aioredis
-
-from .check import Check, State, Status, Verdict, evaluate
+from ..redis_client import Client, is_cluster
+from .check import BucketSpec, Check, State, Status, Verdict, evaluate
 from .gcra import Decision
+from .slots import REFUND, check_by_slot, slot_tag
 
 LUA = resources.files(__package__).joinpath("ratelimit.lua").read_text(encoding="utf-8")
 STATUSES: tuple[Status, ...] = ("allowed", "limited", "blocked")
@@ -26,6 +32,28 @@ DONE_TTL_US = 10_000_000  # a repeated check within this long gets the first one
 
 def wall_clock_us() -> int:
     return time.time_ns() // 1000
+
+
+def tag(text: str) -> str:
+    """`text` made safe inside a hash tag: `{`, `}` and `%` percent-encoded (reversible)."""
+    return text.replace("%", "%25").replace("{", "%7B").replace("}", "%7D")
+
+
+def untag(text: str) -> str:
+    return text.replace("%7B", "{").replace("%7D", "}").replace("%25", "%")
+
+
+def tagged(prefix: str, kind: str, *parts: str) -> str:
+    """`<prefix><kind>:{<parts joined by ':'>}`: the parts are the key's slot."""
+    return f"{prefix}{kind}:{{{':'.join(tag(p) for p in parts)}}}"
+
+
+def block_key(prefix: str, caller: str) -> str:
+    return f"{prefix}{BLOCK}{{{tag(caller)}}}"
+
+
+def caller_of(key: str, prefix: str) -> str:
+    return untag(key[len(prefix + BLOCK):].removeprefix("{").removesuffix("}"))
 
 
 @dataclass(frozen=True)
@@ -107,24 +135,35 @@ class MemoryStore:
 
     async def blocks(self) -> list[Block]:
         now = self.clock()
-        start = len(self.prefix + BLOCK)
         return [
-            Block(key[start:], until - now, info)
+            Block(caller_of(key, self.prefix), until - now, info)
             for key, (until, info) in sorted(self.held.items())
             if until > now
         ]
 
     async def lift(self, caller: str) -> bool:
-        return self.held.pop(self.prefix + BLOCK + caller, None) is not None
+        return self.held.pop(block_key(self.prefix, caller), None) is not None
 
 
 class RedisStore:
-    def __init__(self, redis: aioredis.Redis, prefix: str = "gate:rl:") -> None:
+    def __init__(self, redis: Client, prefix: str = "gate:rl:") -> None:
         self.redis = redis
         self.prefix = prefix
         self.script = redis.register_script(LUA)
+        self.refund_script = redis.register_script(REFUND)
+        self.by_slot = is_cluster(redis)
 
     async def check(self, check: Check, now: int | None = None) -> Verdict:
+        if self.by_slot:
+            return await check_by_slot(self._check, self._refund, check, now)
+        return await self._check(check, now)
+
+    async def _refund(self, bucket: BucketSpec, part: str | None, now: int | None) -> None:
+        mark = f"{{{slot_tag(bucket.key)}}}:refund:{part or uuid.uuid4().hex}"
+        args = ["" if now is None else now, bucket.interval, bucket.cost, DONE_TTL_US // 1000]
+        await self.refund_script(keys=[bucket.key, mark], args=args)
+
+    async def _check(self, check: Check, now: int | None = None) -> Verdict:
         keys = [b.key for b in check.buckets]
         keep_ms = DONE_TTL_US // 1000 if check.done_key else 0
         args: list[Any] = ["" if now is None else now, len(check.buckets), keep_ms]
@@ -142,9 +181,7 @@ class RedisStore:
         return parse_reply([int(x) for x in reply])
 
     async def blocks(self) -> list[Block]:
-        seconds, micros = await self.redis.time()
-        now = int(seconds) * 1_000_000 + int(micros)
-        start = len(self.prefix + BLOCK)
+        now = wall_clock_us()
         found: list[Block] = []
         async for raw in self.redis.scan_iter(match=self.prefix + BLOCK + "*", count=500):
             key = raw.decode() if isinstance(raw, bytes) else str(raw)
@@ -154,11 +191,11 @@ class RedisStore:
             text = value.decode() if isinstance(value, bytes) else str(value)
             until, _, info = text.partition("|")
             if int(until) > now:
-                found.append(Block(key[start:], int(until) - now, info))
+                found.append(Block(caller_of(key, self.prefix), int(until) - now, info))
         return sorted(found, key=lambda b: b.caller)
 
     async def lift(self, caller: str) -> bool:
-        return bool(await self.redis.delete(self.prefix + BLOCK + caller))
+        return bool(await self.redis.delete(block_key(self.prefix, caller)))
 
 
 def parse_reply(reply: list[int]) -> Verdict:

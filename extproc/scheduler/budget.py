@@ -14,9 +14,8 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Protocol
 
-import redis.asyncio as aioredis
-
 from ..ratelimit.gcra import Decision, interval_us, take_interval
+from ..redis_client import Client
 
 LUA = resources.files(__package__).joinpath("budget.lua").read_text(encoding="utf-8")
 
@@ -71,7 +70,7 @@ class MemoryBudgets:
 
 
 class RedisBudgets:
-    def __init__(self, redis: aioredis.Redis, clock: Callable[[], int] = wall_clock_us) -> None:
+    def __init__(self, redis: Client, clock: Callable[[], int] = wall_clock_us) -> None:
         self.clock = clock
         self.script = redis.register_script(LUA)
 

@@ -6,7 +6,6 @@ from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
-import redis.asyncio as aioredis
 
 from extproc.breaker import shared
 from extproc.breaker.monitor import Breakers, PoolHealth
@@ -14,8 +13,10 @@ from extproc.breaker.state import Phase
 from extproc.breaker.webhook import Notifier
 from extproc.config import Breaker, Store, Webhook
 from extproc.metrics import Metrics
+from extproc.redis_client import Client
 from extproc.redis_conn import connect
 from load.stack import RedisServer
+from tests.topology import SHARED, clean_client
 
 CONFIG = Breaker(
     window_s=10,
@@ -50,16 +51,15 @@ class Recorder(Notifier):
         self.sent.append(payload)
 
 
-def gate(clock: Clock, client: aioredis.Redis | None) -> tuple[Breakers, Recorder]:
+def gate(clock: Clock, client: Client | None) -> tuple[Breakers, Recorder]:
     notes = Recorder()
     return Breakers(CONFIG, POOLS, Metrics(), client, clock=clock, draw=lambda: 0.5, notifier=notes), notes
 
 
-@pytest.fixture
-async def client(redis_server: RedisServer) -> AsyncIterator[aioredis.Redis]:
-    redis_server.flush()
-    c = connect(Store(redis_url=redis_server.url, op_timeout_ms=500))
-    assert c is not None
+@pytest.fixture(params=SHARED)
+async def client(request: pytest.FixtureRequest) -> AsyncIterator[Client]:
+    """Breaker state shared through one node, then through a 6-node cluster."""
+    c = await clean_client(request, request.param, op_timeout_ms=500)
     yield c
     await c.aclose()
 
@@ -73,7 +73,7 @@ def slow(b: Breakers, n: int, latency: float = 2.0) -> None:
         b.record("primary", b.version("primary"), latency, error=False)
 
 
-async def test_two_processes_merge_their_samples_and_switch_together(client: aioredis.Redis) -> None:
+async def test_two_processes_merge_their_samples_and_switch_together(client: Client) -> None:
     clock = Clock()
     a, notes_a = gate(clock, client)
     b, notes_b = gate(clock, client)
@@ -95,7 +95,7 @@ async def test_two_processes_merge_their_samples_and_switch_together(client: aio
     assert stored is not None and stored.phase is Phase.OPEN and stored.version == 1
 
 
-async def test_half_open_probes_and_recovery_are_shared(client: aioredis.Redis) -> None:
+async def test_half_open_probes_and_recovery_are_shared(client: Client) -> None:
     clock = Clock()
     a, notes_a = gate(clock, client)
     b, notes = gate(clock, client)
@@ -123,7 +123,7 @@ async def test_half_open_probes_and_recovery_are_shared(client: aioredis.Redis) 
     assert sorted(sent) == [("closed", "open"), ("half_open", "closed"), ("open", "half_open")]
 
 
-async def test_samples_routed_under_an_older_state_are_dropped(client: aioredis.Redis) -> None:
+async def test_samples_routed_under_an_older_state_are_dropped(client: Client) -> None:
     clock = Clock()
     a, _ = gate(clock, client)
     old = a.version("primary")
@@ -140,7 +140,7 @@ async def test_samples_routed_under_an_older_state_are_dropped(client: aioredis.
     assert phase(a) is Phase.HALF_OPEN
 
 
-async def test_subscribers_get_pool_health_every_tick(client: aioredis.Redis) -> None:
+async def test_subscribers_get_pool_health_every_tick(client: Client) -> None:
     clock = Clock()
     a, _ = gate(clock, client)
     seen: list[PoolHealth] = []
@@ -201,7 +201,7 @@ async def test_without_redis_a_single_process_works_alone() -> None:
 
 
 @pytest.mark.parametrize("shared_store", [False, True])
-async def test_a_hang_opens_the_breaker_while_it_lasts(client: aioredis.Redis, shared_store: bool) -> None:
+async def test_a_hang_opens_the_breaker_while_it_lasts(client: Client, shared_store: bool) -> None:
     """Calls waiting past the open threshold count as slow before any of them finishes."""
     clock = Clock()
     b, notes = gate(clock, client if shared_store else None)

@@ -5,23 +5,18 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 import pytest
-import redis.asyncio as aioredis
 
 from extproc.cache.bins import BinStore, MemoryBins, RedisBins, Row
 from extproc.dedup.selfcheck import Counts
-from load.stack import RedisServer
+from tests.topology import SHARED, clean_client
 
 
-@pytest.fixture(params=["memory", "redis"])
+@pytest.fixture(params=["memory", *SHARED])
 async def bins(request: pytest.FixtureRequest) -> AsyncIterator[BinStore]:
     if request.param == "memory":
         yield MemoryBins()
         return
-    server: RedisServer = request.getfixturevalue("redis_server")
-    if server.proc is None:
-        server.start()
-    client = aioredis.Redis.from_url(server.url)
-    await client.flushall()
+    client = await clean_client(request, request.param)
     yield RedisBins(client)
     await client.aclose()
 

@@ -5,18 +5,20 @@ that gave up, and a lease nobody learned of is handed back."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-import redis.asyncio as aioredis
 
 from extproc.cache.lease import Claim, Leases
 from extproc.cache.redis_store import RedisStore, scope_prefix
 from extproc.cache.store import Lookup, Put
 from extproc.config import CacheCoalesce
 from extproc.metrics import Metrics
+from extproc.redis_client import Client
 from extproc.tasks import Tasks
 from tests.services import guard
+from tests.topology import SHARED, clean_client
 
 S = "scope"
 
@@ -24,7 +26,7 @@ S = "scope"
 class Counting(RedisStore):
     """The real store, counting its lookups; `late_s` delays a lookup's reply after it ran."""
 
-    def __init__(self, client: aioredis.Redis) -> None:
+    def __init__(self, client: Client) -> None:
         super().__init__(client)
         self.lookups = 0
         self.late_s = 0.0
@@ -36,13 +38,15 @@ class Counting(RedisStore):
         return found
 
 
-@pytest.fixture
-def client(redis_client: aioredis.Redis) -> aioredis.Redis:
-    """A clean real Redis (tests/cache/conftest.py)."""
-    return redis_client
+@pytest.fixture(params=SHARED)
+async def client(request: pytest.FixtureRequest) -> AsyncIterator[Client]:
+    """A clean real Redis: one node, then a 6-node cluster (notices by sharded pub/sub)."""
+    c = await clean_client(request, request.param)
+    yield c
+    await c.aclose()
 
 
-def leases(store: RedisStore, client: aioredis.Redis, **coalesce: Any) -> Leases:
+def leases(store: RedisStore, client: Client, **coalesce: Any) -> Leases:
     metrics = Metrics()
     tasks = Tasks(metrics)
     return Leases(store, guard(metrics, client, op_timeout_ms=200), CacheCoalesce(**coalesce), metrics, tasks)
@@ -54,7 +58,7 @@ async def answer(coalescer: Leases, store: RedisStore, claim: Claim, key: str, b
     await coalescer.finish(S, key, claim.token, body, stored=True)
 
 
-async def test_waiters_in_one_process_share_one_lookup_and_the_answer(client: aioredis.Redis) -> None:
+async def test_waiters_in_one_process_share_one_lookup_and_the_answer(client: Client) -> None:
     store = Counting(client)
     coalescer = leases(store, client)
     claims = [asyncio.ensure_future(coalescer.claim(S, "k", lead=True, wait_s=10)) for _ in range(20)]
@@ -70,7 +74,7 @@ async def test_waiters_in_one_process_share_one_lookup_and_the_answer(client: ai
     assert not coalescer.local
 
 
-async def test_a_follower_elsewhere_is_woken_by_the_notice(client: aioredis.Redis) -> None:
+async def test_a_follower_elsewhere_is_woken_by_the_notice(client: Client) -> None:
     here, there = Counting(client), Counting(client)
     a = leases(here, client)
     # A follower that would not re-check the store for a minute: only the notice can wake it.
@@ -90,7 +94,7 @@ async def test_a_follower_elsewhere_is_woken_by_the_notice(client: aioredis.Redi
     await b.tasks.aclose()
 
 
-async def test_exactly_one_waiter_takes_over_a_leader_that_gave_up(client: aioredis.Redis) -> None:
+async def test_exactly_one_waiter_takes_over_a_leader_that_gave_up(client: Client) -> None:
     store = Counting(client)
     coalescer = leases(store, client)
     first = await coalescer.claim(S, "k", lead=True, wait_s=10)
@@ -106,7 +110,7 @@ async def test_exactly_one_waiter_takes_over_a_leader_that_gave_up(client: aiore
     assert sorted(c.role for c in rest) == ["hit"] * 9 + ["leader"]
 
 
-async def test_a_lease_whose_reply_came_too_late_is_handed_back(client: aioredis.Redis) -> None:
+async def test_a_lease_whose_reply_came_too_late_is_handed_back(client: Client) -> None:
     store = Counting(client)
     coalescer = leases(store, client)
     store.late_s = 0.5  # over the 200 ms budget: the script ran, the gate gave up on it
@@ -123,7 +127,7 @@ async def test_a_lease_whose_reply_came_too_late_is_handed_back(client: aioredis
 
 @pytest.mark.parametrize("cancel_after_s", [0.0, 0.05, 0.3])
 async def test_a_request_cancelled_while_it_speaks_for_the_process_leaves_nothing_behind(
-    client: aioredis.Redis, cancel_after_s: float
+    client: Client, cancel_after_s: float
 ) -> None:
     """Cancelled during its store lookup (0 and 0.05 s: the reply is late) or while it follows a
     leader elsewhere (0.3 s): the key is free at once, its waiters take over, no lease is left."""
@@ -155,3 +159,22 @@ async def test_a_request_cancelled_while_it_speaks_for_the_process_leaves_nothin
     assert await client.keys(scope_prefix(S) + "l:*") == []
     later = await asyncio.wait_for(coalescer.claim(S, "k", lead=True, wait_s=10), 1)
     assert later.role == "hit" and later.entry == b"answer"
+
+
+async def test_a_follower_elsewhere_is_woken_when_the_leader_hands_its_lease_back(client: Client) -> None:
+    here, there = Counting(client), Counting(client)
+    a = leases(here, client)
+    b = leases(there, client, poll_ms=60_000, poll_max_ms=60_000)  # only a notice can wake it
+    a.start()
+    b.start()
+    await asyncio.sleep(0.3)  # both subscribed
+    leader = await a.claim(S, "k", lead=True, wait_s=5)
+    assert leader.token is not None
+    follower = asyncio.ensure_future(b.claim(S, "k", lead=True, wait_s=20))
+    await asyncio.sleep(0.2)
+    assert not follower.done()
+    await a.finish(S, "k", leader.token, None, stored=False)  # the upstream call failed
+    got = await asyncio.wait_for(follower, 5)
+    assert got.role == "leader" and got.coalesced  # it took the lead at once, woken by the release
+    await a.tasks.aclose()
+    await b.tasks.aclose()

@@ -7,11 +7,10 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import numpy as np
 import pytest
-import redis.asyncio as aioredis
 
 from extproc.cache.redis_store import RedisStore
 from extproc.cache.store import MemoryStore, Pending, Put, Store
-from load.stack import RedisServer
+from tests.topology import SHARED, clean_client
 
 S, T = "scope-a", "scope-b"
 
@@ -245,14 +244,12 @@ CASES: list[Callable[[Store], Awaitable[None]]] = [
 ]
 
 
-@pytest.fixture(params=["memory", "redis"])
+@pytest.fixture(params=["memory", *SHARED])
 async def store(request: pytest.FixtureRequest) -> AsyncIterator[Store]:
     if request.param == "memory":
         yield MemoryStore()
         return
-    server: RedisServer = request.getfixturevalue("redis_server")
-    client = aioredis.Redis.from_url(server.url)
-    await client.flushall()
+    client = await clean_client(request, request.param)
     yield RedisStore(client)
     await client.aclose()
 
@@ -260,3 +257,15 @@ async def store(request: pytest.FixtureRequest) -> AsyncIterator[Store]:
 @pytest.mark.parametrize("case", CASES, ids=[c.__name__ for c in CASES])
 async def test_store_behaviour(store: Store, case: Callable[[Store], Awaitable[None]]) -> None:
     await case(store)
+
+
+@pytest.mark.parametrize("kind", SHARED)
+async def test_a_master_that_lost_its_scripts_still_stores(request: pytest.FixtureRequest, kind: str) -> None:
+    """A promoted replica or a restarted node may not have the scripts: loaded again on use."""
+    client = await clean_client(request, kind)
+    store = RedisStore(client)
+    await store.put(Put("s", "k1", b"one", 60_000, 10, "t", "m"))
+    await client.script_flush()
+    await store.put(Put("s", "k2", b"two", 60_000, 10, "t", "m", token="tok"))
+    assert (await store.lookup("s", "k2", None, 0)).entry == b"two"
+    await client.aclose()

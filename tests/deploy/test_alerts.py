@@ -28,7 +28,8 @@ def test_rules_are_valid_and_every_alert_has_a_passing_test_case() -> None:
               for r in g["rules"]}
     tested = set(re.findall(r"alertname: (\w+)", (REPO / "deploy/alerts_test.yaml").read_text()))
     new = {"LLMGateAddedLatencyHigh", "LLMGateDown", "LLMGateEnvoyOverflow", "LLMGateExtProcStreamsFailing",
-           "LLMGatePoolMemoryHigh", "LLMGatePoolLatencyHigh", "LLMGateInvalidRequestsOutOfBand"}
+           "LLMGatePoolMemoryHigh", "LLMGatePoolLatencyHigh", "LLMGateInvalidRequestsOutOfBand",
+           "LLMGateStoreDown"}
     assert new <= alerts and new <= tested
 
 

@@ -26,7 +26,7 @@ def one(rate: float, burst: int, cost: int = 1, key: str = "k") -> Check:
 
 A = one(1, 3)
 TWO = Check((BucketSpec("tenant", "t", 1, 2), BucketSpec("user", "u", 1, 1)))
-REP = RepeatSpec("rep", "block", limit=2, window=S, block=5 * S, info="x")
+REP = RepeatSpec("rep:{c}", "block:{c}", limit=2, window=S, block=5 * S, info="x")
 REP_ONLY = Check((), REP)
 REP_AND_BUCKET = Check((BucketSpec("tenant", "t", 1, 5),), REP)
 

@@ -72,7 +72,7 @@ async def test_keys_name_tenant_user_ip_and_route_but_never_the_api_key() -> Non
     ex = await exchange({"authorization": "Bearer sk-std", "x-user-id": "u1"})
     check = plan(parse_config(CONFIG).ratelimit, ex, "203.0.113.7", "fp")
     assert [b.name for b in check.buckets] == ["tenant", "user", "ip"]
-    assert check.repeat is not None and check.repeat.block_key == "gate:rl:block:beta/u1"
+    assert check.repeat is not None and check.repeat.block_key == "gate:rl:block:{beta/u1}"
     keys = " ".join([b.key for b in check.buckets] + [check.repeat.key, check.repeat.info])
     assert "sk-std" not in keys and "beta" in keys and "203.0.113.7" in keys
 
