@@ -73,16 +73,17 @@ say "root file system: Debian $SUITE ($ARCH) + /opt/llm-gate"
 mode=root
 [ "$(id -u)" -eq 0 ] || mode=unshare
 # essential: Debian's Essential:yes set (no apt) plus what the gate needs at run time.
-# The hooks run the image's own python3 (under qemu for a foreign --arch).
+# The hooks copy from the host and run the image's own python3 in the chroot (a foreign --arch
+# needs qemu-user-static; the release workflow builds each arch on its own runner).
 nice -n 10 mmdebstrap --quiet --mode="$mode" --variant=essential --architectures="$ARCH" \
   --include=python3,python3-venv,ca-certificates,libgomp1,libstdc++6,tzdata \
-  --customize-hook='mkdir -p "$1/opt/llm-gate" "$1/etc/llm-gate" "$1/tmp/wheels"' \
-  --customize-hook="sync-in $OUT/wheels /tmp/wheels" \
+  --customize-hook='mkdir -p "$1/opt/llm-gate/models" "$1/etc/llm-gate" "$1/tmp/wheels"' \
+  --customize-hook="cp -r $OUT/wheels/. \"\$1/tmp/wheels/\"" \
   --customize-hook='chroot "$1" python3 -m venv /opt/llm-gate' \
   --customize-hook="chroot \"\$1\" /opt/llm-gate/bin/python -m pip install -q --no-index --no-cache-dir \
       --find-links /tmp/wheels -c /tmp/wheels/requirements.txt /tmp/wheels/$WHEEL" \
-  --customize-hook="sync-in $MODELS /opt/llm-gate/models" \
-  --customize-hook="upload $ROOT/config.example.yaml /etc/llm-gate/config.yaml" \
+  --customize-hook="cp -r $MODELS/. \"\$1/opt/llm-gate/models/\"" \
+  --customize-hook="cp $ROOT/config.example.yaml \"\$1/etc/llm-gate/config.yaml\"" \
   --customize-hook='echo "gate:x:10001:10001:LLM Gate:/nonexistent:/usr/sbin/nologin" >> "$1/etc/passwd" && \
       echo "gate:x:10001:" >> "$1/etc/group" && \
       chmod -R a+rX "$1/opt/llm-gate" "$1/etc/llm-gate"' \
