@@ -41,7 +41,7 @@ def generator() -> ModuleType:
 def kustomize(target: str) -> list[dict[str, Any]]:
     kubectl = shutil.which("kubectl")
     assert kubectl, "kubectl (with its built-in kustomize) is missing"
-    command = [kubectl, "kustomize", str(K8S / target)]
+    command = [kubectl, "kustomize", str(K8S / target)]  # `target` may also be an absolute path
     out = subprocess.run(command, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     return [d for d in yaml.safe_load_all(out.stdout) if d]

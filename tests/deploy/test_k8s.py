@@ -6,6 +6,8 @@ probes, ports, config, one scheduler per pool, the policies around vLLM and the 
 from __future__ import annotations
 
 import copy
+import os
+from pathlib import Path
 from typing import Any
 
 import jsonschema
@@ -209,3 +211,25 @@ def test_the_prometheus_rule_is_the_shipped_alerts_file() -> None:
     rule = one(kustomize("base"), "PrometheusRule", "llm-gate")
     alerts = yaml.safe_load((REPO / "deploy/alerts.yaml").read_text())
     assert rule["spec"]["groups"] == alerts["groups"]
+
+
+def test_an_operator_overlay_sets_the_image_by_digest_and_replaces_the_config(tmp_path: Path) -> None:
+    digest = "sha256:" + "0" * 64
+    config = (K8S / "overlays/production/gate.yaml").read_text()
+    (tmp_path / "gate.yaml").write_text(config.replace("grace_seconds: 20", "grace_seconds: 15"))
+    (tmp_path / "kustomization.yaml").write_text(yaml.safe_dump({
+        "resources": [os.path.relpath(K8S / "overlays/production", tmp_path)],
+        "images": [{"name": "ghcr.io/llm-gate/llm-gate", "newName": "registry.example.com/llm-gate",
+                    "digest": digest}],
+        "configMapGenerator": [{"name": "llm-gate-config", "namespace": "llm-gate", "behavior": "replace",
+                                "files": ["gate.yaml"]}],
+    }))
+    docs = kustomize(str(tmp_path))
+    images = {c["image"] for d in docs if d["kind"] == "Deployment"
+              for c in d["spec"]["template"]["spec"]["containers"]}
+    assert images == {f"registry.example.com/llm-gate@{digest}"}
+    (configmap,) = [d for d in docs if d["kind"] == "ConfigMap"]
+    assert parse_config(configmap["data"]["gate.yaml"]).server.grace_seconds == 15
+    volumes = {v["configMap"]["name"] for d in docs if d["kind"] == "Deployment"
+               for v in d["spec"]["template"]["spec"]["volumes"] if "configMap" in v}
+    assert volumes == {configmap["metadata"]["name"]}
