@@ -136,3 +136,10 @@ def test_no_configmap_holds_a_secret(source: str) -> None:
 def test_the_secret_check_finds_a_planted_secret(planted: str) -> None:
     doc = {"kind": "ConfigMap", "metadata": {"name": "x"}, "data": {"gate.yaml": planted}}
     assert configmap_secrets(doc)
+
+
+def test_without_autoscaling_the_deployment_holds_the_replica_count() -> None:
+    docs = helm({"autoscaling": {"enabled": False}, "gate": {"replicas": 4}})
+    assert one(docs, "Deployment", "llm-gate")["spec"]["replicas"] == 4
+    assert not [d for d in docs if d["kind"] == "HorizontalPodAutoscaler"]
+    assert "replicas" not in one(helm({}), "Deployment", "llm-gate")["spec"]

@@ -95,6 +95,11 @@ def test_the_gate_pods_probe_grpc_health_on_the_configured_port(target: str) -> 
     assert one(docs, "PodDisruptionBudget", "llm-gate")["spec"]["selector"]["matchLabels"] == selector
     service = one(docs, "Service", "llm-gate")
     assert service["spec"]["selector"] == selector
+    # A headless Service for Envoy's STRICT_DNS cluster: every gate pod, the gRPC port only
+    # (a metrics port there would scrape every pod twice).
+    headless = one(docs, "Service", "llm-gate-headless")["spec"]
+    assert headless["clusterIP"] == "None" and headless["selector"] == selector
+    assert [p["name"] for p in headless["ports"]] == ["grpc-extproc"]
     monitor = one(docs, "ServiceMonitor", "llm-gate")
     assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
     assert {e["port"] for e in monitor["spec"]["endpoints"]} <= {p["name"] for p in service["spec"]["ports"]}
@@ -112,7 +117,8 @@ def test_the_autoscaler_scales_on_open_streams_per_pod(target: str) -> None:
     gate = one(docs, "Deployment", "llm-gate")
     hpa = one(docs, "HorizontalPodAutoscaler", "llm-gate")["spec"]
     assert hpa["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": "llm-gate"}
-    assert hpa["minReplicas"] <= gate["spec"]["replicas"] <= hpa["maxReplicas"]
+    assert 1 <= hpa["minReplicas"] <= hpa["maxReplicas"]
+    assert "replicas" not in gate["spec"]  # the HPA owns it: an apply does not reset the count
     (metric,) = hpa["metrics"]
     assert metric["type"] == "Pods" and metric["pods"]["target"]["type"] == "AverageValue"
     name = metric["pods"]["metric"]["name"]
