@@ -46,7 +46,7 @@ def test_every_object_the_chart_renders_passes_its_schema(values: dict[str, Any]
         validate(doc)
 
 
-@pytest.mark.parametrize("target", ["overlays/dev", "overlays/production"])
+@pytest.mark.parametrize("target", ["overlays/dev", "overlays/production", "overlays/istio"])
 def test_the_chart_lints_clean_and_packages(target: str, tmp_path: Path) -> None:
     values = generator().target_values(target)
     report = helm_python.lint(CHART, values, strict=True, namespace="llm-gate", kube_version="v1.30.0")
@@ -55,8 +55,8 @@ def test_the_chart_lints_clean_and_packages(target: str, tmp_path: Path) -> None
     assert archive.name == "llm-gate-0.1.0.tgz"
     packaged = helm_python.Chart.load_archive(archive.read_bytes())
     direct = helm_python.Chart.load(str(CHART))
-    options = {"name": "llm-gate", "namespace": "llm-gate"}
-    assert packaged.render(values, **options) == direct.render(values, **options)
+    rendered = [chart.render(values, name="llm-gate", namespace="llm-gate") for chart in (packaged, direct)]
+    assert rendered[0] == rendered[1]
 
 
 @pytest.mark.parametrize("values", [

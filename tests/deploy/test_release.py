@@ -27,7 +27,7 @@ def pyproject() -> dict[str, object]:
 
 
 def lock() -> dict[str, str]:
-    pins = {}
+    pins: dict[str, str] = {}
     for line in (REPO / "deploy/image/requirements.lock").read_text().splitlines():
         if line and not line.startswith("#"):
             name, version = line.split("==")
