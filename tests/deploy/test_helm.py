@@ -15,7 +15,7 @@ from .manifests import CHART, TARGETS, configmap_secrets, generator, helm, kusto
 
 SECRETS = {
     "apiKeys": {"existingSecret": "llm-gate-api-keys"},
-    "redis": {"existingSecret": "llm-gate-redis", "urlKey": "url", "passwordKey": "password"},
+    "redis": {"existingSecret": "llm-gate-redis", "passwordKey": "password"},
 }
 
 
@@ -63,6 +63,7 @@ def test_the_chart_lints_clean_and_packages(target: str, tmp_path: Path) -> None
     {"config": {"identity": {"api_keys": {"sk-live-1": {"tenant": "acme"}}}}},
     {"redis": {"url": "redis://:hunter2@redis:6379/0"}},
     {"config": {"store": {"redis_url": "redis://default:hunter2@redis:6379/0"}}},
+    {"config": {"store": {"redis": {"mode": "single", "url": "redis://r:6379/0", "password": "hunter2"}}}},
     {"image": {"digest": "latest"}},
     {"gate": {"workers": 0}},
     {"autoscaling": {"targetAverageValue": "many"}},
@@ -86,13 +87,27 @@ def test_secrets_come_from_existing_secrets_as_a_file_and_variables() -> None:
     (mount,) = [m for m in container["volumeMounts"] if m["name"] == volume["name"]]
     assert mount["readOnly"] and config["identity"]["api_keys_file"] == f"{mount['mountPath']}/api_keys.yaml"
     env = {e["name"]: e for e in container["env"]}
-    assert config["store"] == config["store"] | {"redis_url_env": "LLM_GATE_REDIS_URL",
-                                                 "redis_password_env": "LLM_GATE_REDIS_PASSWORD"}
-    assert "redis_url" not in config["store"]
-    assert env["LLM_GATE_REDIS_URL"]["valueFrom"]["secretKeyRef"] == {"name": "llm-gate-redis", "key": "url"}
+    assert config["store"] == {"redis": {"mode": "single", "url": "redis://redis.llm-gate.svc.cluster.local:6379/0",
+                                         "password_env": "LLM_GATE_REDIS_PASSWORD"}}
     assert env["LLM_GATE_REDIS_PASSWORD"]["valueFrom"]["secretKeyRef"] == {"name": "llm-gate-redis",
                                                                           "key": "password"}
     assert not [d for d in docs if d["kind"] == "Secret"]  # the chart never holds a secret itself
+
+
+def test_sentinel_from_config_gets_both_password_variables() -> None:
+    sentinels = ["s-0.redis:26379", "s-1.redis:26379"]
+    sentinel = {"mode": "sentinel", "sentinels": sentinels, "master_name": "gate"}
+    values = {"config": {"store": {"redis": sentinel}},
+              "redis": {"existingSecret": "redis", "passwordKey": "pw", "sentinelPasswordKey": "spw"}}
+    docs = helm(values)
+    config = yaml.safe_load(one(docs, "ConfigMap", "llm-gate-config")["data"]["gate.yaml"])
+    variables = {"password_env": "LLM_GATE_REDIS_PASSWORD",
+                 "sentinel_password_env": "LLM_GATE_REDIS_SENTINEL_PASSWORD"}
+    assert config["store"] == {"redis": sentinel | variables}
+    (container,) = one(docs, "Deployment", "llm-gate")["spec"]["template"]["spec"]["containers"]
+    refs = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in container["env"] if "valueFrom" in e}
+    assert refs == {"LLM_GATE_REDIS_PASSWORD": {"name": "redis", "key": "pw"},
+                    "LLM_GATE_REDIS_SENTINEL_PASSWORD": {"name": "redis", "key": "spw"}}
 
 
 def test_image_by_digest_and_one_cpu_per_gate_process() -> None:

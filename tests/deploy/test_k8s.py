@@ -87,10 +87,12 @@ def test_the_gate_pods_probe_grpc_health_on_the_configured_port(target: str) -> 
     cpu = container["resources"]["requests"]["cpu"]
     per_worker = 0.25 if target == "overlays/dev" else 1.0
     assert (int(cpu[:-1]) / 1000 if cpu.endswith("m") else float(cpu)) == per_worker * config.server.workers
-    # preStop lets the endpoints drop the pod, then the gate drains within the grace period.
+    # preStop lets the endpoints drop the pod; then the gate drains (NOT_SERVING, still answering)
+    # and finishes open streams, all within the termination grace period.
     pre_stop = int(container["lifecycle"]["preStop"]["exec"]["command"][1])
     assert container["lifecycle"]["preStop"]["exec"]["command"][0] == "sleep"
-    assert pod["terminationGracePeriodSeconds"] > pre_stop + config.server.grace_seconds
+    stopping = pre_stop + config.server.drain_seconds + config.server.grace_seconds
+    assert pod["terminationGracePeriodSeconds"] > stopping
     selector = gate["spec"]["selector"]["matchLabels"]
     assert one(docs, "PodDisruptionBudget", "llm-gate")["spec"]["selector"]["matchLabels"] == selector
     service = one(docs, "Service", "llm-gate")

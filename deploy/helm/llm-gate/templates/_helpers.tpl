@@ -61,19 +61,25 @@ the API keys file). Secrets never enter it: only file paths and environment vari
 {{- $v := .Values -}}
 {{- $c := deepCopy ($v.config | default dict) -}}
 {{- $server := get $c "server" | default dict -}}
-{{- $_ := mustMergeOverwrite $server (dict "host" "0.0.0.0" "port" $v.gate.port "metrics_port" $v.gate.metricsPort "workers" $v.gate.workers "grace_seconds" $v.gate.graceSeconds) -}}
+{{- $_ := mustMergeOverwrite $server (dict "host" "0.0.0.0" "port" $v.gate.port "metrics_port" $v.gate.metricsPort "workers" $v.gate.workers "drain_seconds" $v.gate.drainSeconds "grace_seconds" $v.gate.graceSeconds) -}}
 {{- $_ := set $c "server" $server -}}
 {{- $store := get $c "store" | default dict -}}
 {{- if eq $v.redis.mode "internal" -}}
+{{- $_ := unset $store "redis" -}}
 {{- $_ := set $store "redis_url" (printf "redis://%s-redis.%s.svc.cluster.local:%d/0" (include "llm-gate.fullname" .) .Release.Namespace (int $v.redis.internal.port)) -}}
-{{- else if and $v.redis.existingSecret $v.redis.urlKey -}}
+{{- else if or $v.redis.existingSecret (hasKey $store "redis") -}}
+{{- /* store.redis: the topology (single from redis.url, or Sentinel / Cluster as configured), the passwords by variable name */ -}}
+{{- $redis := get $store "redis" | default (dict "mode" "single" "url" $v.redis.url) -}}
+{{- if and $v.redis.existingSecret $v.redis.passwordKey -}}
+{{- $_ := set $redis "password_env" "LLM_GATE_REDIS_PASSWORD" -}}
+{{- end -}}
+{{- if and $v.redis.existingSecret $v.redis.sentinelPasswordKey -}}
+{{- $_ := set $redis "sentinel_password_env" "LLM_GATE_REDIS_SENTINEL_PASSWORD" -}}
+{{- end -}}
 {{- $_ := unset $store "redis_url" -}}
-{{- $_ := set $store "redis_url_env" "LLM_GATE_REDIS_URL" -}}
+{{- $_ := set $store "redis" $redis -}}
 {{- else -}}
 {{- $_ := set $store "redis_url" $v.redis.url -}}
-{{- end -}}
-{{- if and (ne $v.redis.mode "internal") $v.redis.existingSecret $v.redis.passwordKey -}}
-{{- $_ := set $store "redis_password_env" "LLM_GATE_REDIS_PASSWORD" -}}
 {{- end -}}
 {{- $_ := set $c "store" $store -}}
 {{- if $v.apiKeys.existingSecret -}}
