@@ -71,6 +71,7 @@ def one(docs: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
 # What a secret looks like in a config file: a non-empty value under a secret-named key, client
 # API keys, credentials in a URL, a PEM private key or a well-known token prefix.
 SECRET_KEYS = re.compile(r"(password|passwd|secret|token|api_keys?|credentials?)$", re.I)
+# (A name ending in _file or _env names where a secret is, and is not one.)
 SECRET_TEXT = re.compile(
     r"://[^/@\s:]*:[^/@\s]+@|-----BEGIN [A-Z ]*PRIVATE KEY|\bsk-[A-Za-z0-9]{16,}|\bhf_[A-Za-z0-9]{20,}"
 )

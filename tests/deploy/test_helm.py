@@ -11,7 +11,18 @@ import helm_python
 import pytest
 import yaml
 
-from .manifests import CHART, TARGETS, configmap_secrets, generator, helm, kustomize, one, validate
+from .manifests import (
+    CHART,
+    SECRET_KEYS,
+    SECRET_TEXT,
+    TARGETS,
+    configmap_secrets,
+    generator,
+    helm,
+    kustomize,
+    one,
+    validate,
+)
 
 SECRETS = {
     "apiKeys": {"existingSecret": "llm-gate-api-keys"},
@@ -131,13 +142,27 @@ CHART_VALUES = [generator().target_values(t) for t in TARGETS] + [SECRETS]
 
 
 @pytest.mark.parametrize("source", [*TARGETS, *(f"chart:{i}" for i in range(len(CHART_VALUES)))])
-def test_no_configmap_holds_a_secret(source: str) -> None:
+def test_no_configmap_nor_any_object_holds_a_secret(source: str) -> None:
     chart = source.startswith("chart:")
     docs = helm(CHART_VALUES[int(source.split(":")[1])]) if chart else kustomize(source)
     configmaps = [d for d in docs if d["kind"] == "ConfigMap"]
     assert configmaps
     for doc in configmaps:
         assert configmap_secrets(doc) == []
+    # Nor any other object: no secret text anywhere, a secret-named variable only by reference.
+    assert not [d for d in docs if d["kind"] == "Secret"]
+    for doc in docs:
+        assert not SECRET_TEXT.search(yaml.safe_dump(doc)), key(doc)
+        for pod in pod_specs(doc):
+            for container in pod["containers"]:
+                for env in container.get("env", []):
+                    if SECRET_KEYS.search(env["name"]):
+                        assert "valueFrom" in env and "value" not in env, (key(doc), env["name"])
+
+
+def pod_specs(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    template = doc.get("spec", {}).get("template") if isinstance(doc.get("spec"), dict) else None
+    return [template["spec"]] if isinstance(template, dict) else []
 
 
 @pytest.mark.parametrize("planted", [
