@@ -1,6 +1,7 @@
 """Shared by the manifest tests: render a kustomize target with kubectl's built-in kustomize or
 the Helm chart with Helm's own engine (helm-python-sdk), and validate an object against
-Kubernetes 1.30's schemas (kubernetes-validate, offline, strict) or its CRD's schema."""
+Kubernetes 1.30's schemas (kubernetes-validate, offline, strict) or its CRD's schema (Istio's
+of every supported minor version)."""
 
 from __future__ import annotations
 
@@ -22,11 +23,9 @@ REPO = Path(__file__).resolve().parents[2]
 K8S = REPO / "deploy/k8s"
 CHART = REPO / "deploy/helm/llm-gate"
 KUBERNETES_VERSION = "1.30.0"
-CRDS = {
-    "ServiceMonitor": "servicemonitor-v1.json",
-    "PrometheusRule": "prometheusrule-v1.json",
-    "AuthorizationPolicy": "authorizationpolicy-v1.json",
-}
+CRDS = {"ServiceMonitor": "servicemonitor-v1.json", "PrometheusRule": "prometheusrule-v1.json"}
+# Istio's CRD schemas per supported minor version (1.22-1.25), extracted from istio/api.
+ISTIO_CRDS = sorted((REPO / "tests/istio/crds").glob("istio-*.json"))
 TARGETS = ["base", "overlays/dev", "overlays/production", "overlays/istio"]
 
 
@@ -52,8 +51,26 @@ def helm(values: dict[str, Any]) -> list[dict[str, Any]]:
     return docs
 
 
+def closed(schema: Any) -> Any:
+    """A CRD schema as the API server prunes: a field it does not declare is an error here."""
+    if isinstance(schema, list):
+        return [closed(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: closed(v) for k, v in schema.items()}
+    if "properties" in out and "additionalProperties" not in out \
+            and not out.get("x-kubernetes-preserve-unknown-fields"):
+        out["additionalProperties"] = False
+    return out
+
+
 def validate(doc: dict[str, Any]) -> None:
-    if doc["kind"] in CRDS:
+    if doc["apiVersion"].split("/")[0].endswith(".istio.io"):
+        assert ISTIO_CRDS
+        for path in ISTIO_CRDS:  # every supported Istio version accepts it
+            schema = json.loads(path.read_text())["schemas"][f"{doc['apiVersion']}/{doc['kind']}"]
+            jsonschema.validate({"spec": doc["spec"]}, closed(schema))
+    elif doc["kind"] in CRDS:
         schema = json.loads((K8S / "schemas" / CRDS[doc["kind"]]).read_text())
         # Not jsonschema.validate: it checks the schema itself first, and the CRD's Go regexes
         # (`^(?i)...`) are not Python's. Fields with such patterns are not used here.
