@@ -183,3 +183,19 @@ def test_without_autoscaling_the_deployment_holds_the_replica_count() -> None:
     assert one(docs, "Deployment", "llm-gate")["spec"]["replicas"] == 4
     assert not [d for d in docs if d["kind"] == "HorizontalPodAutoscaler"]
     assert "replicas" not in one(helm({}), "Deployment", "llm-gate")["spec"]
+
+
+def test_extra_volumes_carry_tls_material_and_a_secret_variable_needs_a_reference() -> None:
+    tls = {"name": "redis-tls", "secret": {"secretName": "redis-tls"}}
+    mount = {"name": "redis-tls", "mountPath": "/etc/llm-gate/secrets/redis-tls", "readOnly": True}
+    token = {"name": "UPSTREAM_TOKEN", "valueFrom": {"secretKeyRef": {"name": "up", "key": "token"}}}
+    values = {"gate": {"extraVolumes": [tls], "extraVolumeMounts": [mount], "extraEnv": [token]}}
+    docs = helm(values)
+    for doc in docs:
+        validate(doc)
+    pod = one(docs, "Deployment", "llm-gate")["spec"]["template"]["spec"]
+    assert tls in pod["volumes"]
+    assert "redis-tls" in {m["name"] for m in pod["containers"][0]["volumeMounts"]}
+    assert "UPSTREAM_TOKEN" in {e["name"] for e in pod["containers"][0]["env"]}
+    with pytest.raises(helm_python.HelmValuesError):
+        helm({"gate": {"extraEnv": [{"name": "UPSTREAM_TOKEN", "value": "sk-0123456789abcdef"}]}})
