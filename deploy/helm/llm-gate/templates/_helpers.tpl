@@ -46,8 +46,9 @@ llm-gate/pool: {{ index . 2 }}
 {{- printf "%s-scheduler-%s" (include "llm-gate.fullname" (index . 0)) (index . 1) -}}
 {{- end -}}
 
+{{/* An mTLS identity: call with (list $ namespace serviceAccount). */}}
 {{- define "llm-gate.principal" -}}
-{{- printf "cluster.local/ns/%s/sa/%s" (index . 0) (index . 1) -}}
+{{- printf "%s/ns/%s/sa/%s" (index . 0).Values.istio.trustDomain (index . 1) (index . 2) -}}
 {{- end -}}
 
 {{- define "llm-gate.apiKeysDir" -}}/etc/llm-gate/secrets/api-keys{{- end -}}
