@@ -11,6 +11,9 @@ import helm_python
 import pytest
 import yaml
 
+from extproc.checks import secret_warnings
+from extproc.config import parse_config
+
 from .manifests import (
     CHART,
     SECRET_KEYS,
@@ -103,6 +106,20 @@ def test_secrets_come_from_existing_secrets_as_a_file_and_variables() -> None:
     assert env["LLM_GATE_REDIS_PASSWORD"]["valueFrom"]["secretKeyRef"] == {"name": "llm-gate-redis",
                                                                           "key": "password"}
     assert not [d for d in docs if d["kind"] == "Secret"]  # the chart never holds a secret itself
+
+
+def test_the_gate_reads_the_api_keys_file_the_chart_mounts(tmp_path: Path) -> None:
+    docs = helm({"apiKeys": {"existingSecret": "llm-gate-api-keys"}})
+    config = parse_config(one(docs, "ConfigMap", "llm-gate-config")["data"]["gate.yaml"])
+    (container,) = one(docs, "Deployment", "llm-gate")["spec"]["template"]["spec"]["containers"]
+    assert config.identity.api_keys_file is not None
+    mounts = [m["mountPath"] + "/" for m in container["volumeMounts"]]
+    assert any(str(config.identity.api_keys_file).startswith(m) for m in mounts)
+    # What the Secret holds (kubectl create secret generic --from-file=api_keys.yaml), as mounted.
+    mounted = tmp_path / config.identity.api_keys_file.name
+    mounted.write_text("sk-live-1: {tenant: acme, tier: premium}\n")
+    keys = config.identity.model_copy(update={"api_keys_file": mounted}).keys()
+    assert keys["sk-live-1"].tenant == "acme" and secret_warnings(config) == []
 
 
 def test_sentinel_from_config_gets_both_password_variables() -> None:

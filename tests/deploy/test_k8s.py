@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from extproc import cli
-from extproc.checks import cross_check
+from extproc.checks import cross_check, secret_warnings
 from extproc.config import parse_config
 
 from .manifests import K8S, REPO, TARGETS, generator, kustomize, one, validate
@@ -71,7 +71,7 @@ def test_the_gate_pods_probe_grpc_health_on_the_configured_port(target: str) -> 
     assert configmap["metadata"]["name"].startswith("llm-gate-config-")  # hashed: a change rolls the pods
     config = parse_config(configmap["data"]["gate.yaml"])
     assert config.server.host == "0.0.0.0"
-    assert cross_check(config) == []
+    assert cross_check(config) == [] and secret_warnings(config) == []
     for probe in ("startupProbe", "readinessProbe"):
         assert container[probe]["grpc"]["port"] == config.server.port, probe
     # Liveness is a separate, lighter check than readiness: a busy event loop is not restarted.
