@@ -216,3 +216,21 @@ def test_extra_volumes_carry_tls_material_and_a_secret_variable_needs_a_referenc
     assert "UPSTREAM_TOKEN" in {e["name"] for e in pod["containers"][0]["env"]}
     with pytest.raises(helm_python.HelmValuesError):
         helm({"gate": {"extraEnv": [{"name": "UPSTREAM_TOKEN", "value": "sk-0123456789abcdef"}]}})
+
+
+def test_ambient_mode_labels_for_ztunnel_and_keeps_policies_at_layer_4() -> None:
+    docs = helm({"namespace": {"create": True}, "networkPolicy": {"enabled": True},
+                 "istio": {"enabled": True, "dataplane": "ambient"}})
+    for doc in docs:
+        validate(doc)
+    assert one(docs, "Namespace", "llm-gate")["metadata"]["labels"]["istio.io/dataplane-mode"] == "ambient"
+    for doc in (d for d in docs if d["kind"] == "Deployment"):
+        template = doc["spec"]["template"]["metadata"]
+        assert template["labels"]["istio.io/dataplane-mode"] == "ambient"
+        assert "sidecar.istio.io/inject" not in template["labels"]
+        assert "traffic.sidecar.istio.io/excludeInboundPorts" not in template.get("annotations", {})
+    # Without a waypoint ztunnel enforces no paths or methods: no L7 attribute in any rule.
+    for policy in (d for d in docs if d["kind"] == "AuthorizationPolicy"):
+        for rule in policy["spec"]["rules"]:
+            for to in rule.get("to", []):
+                assert set(to["operation"]) == {"ports"}, policy["metadata"]["name"]

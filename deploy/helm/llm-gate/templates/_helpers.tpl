@@ -129,3 +129,20 @@ the API keys file). Secrets never enter it: only file paths and environment vari
 {{- end -}}
 {{- $ports | uniq | join "," -}}
 {{- end -}}
+
+
+{{/* The pod labels that put a pod in the mesh (sidecar injection or ambient), when istio.enabled. */}}
+{{- define "llm-gate.meshPodLabels" -}}
+{{- if and .Values.istio.enabled .Values.istio.injection -}}
+{{- if eq .Values.istio.dataplane "ambient" -}}
+istio.io/dataplane-mode: ambient
+{{- else -}}
+sidecar.istio.io/inject: "true"
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Whether the metrics ports bypass the sidecar (sidecar mode only). */}}
+{{- define "llm-gate.metricsBypass" -}}
+{{- if and .Values.istio.enabled .Values.istio.metricsOutsideMesh (ne .Values.istio.dataplane "ambient") -}}true{{- end -}}
+{{- end -}}
