@@ -87,6 +87,8 @@ def test_the_gate_pods_probe_grpc_health_on_the_configured_port(target: str) -> 
     cpu = container["resources"]["requests"]["cpu"]
     per_worker = 0.25 if target == "overlays/dev" else 1.0
     assert (int(cpu[:-1]) / 1000 if cpu.endswith("m") else float(cpu)) == per_worker * config.server.workers
+    # The same limit: the cgroup quota the embedder sizes its threads from (none in dev).
+    assert container["resources"]["limits"].get("cpu") == (None if target == "overlays/dev" else cpu)
     # preStop lets the endpoints drop the pod; then the gate drains (NOT_SERVING, still answering)
     # and finishes open streams, all within the termination grace period.
     pre_stop = int(container["lifecycle"]["preStop"]["exec"]["command"][1])
