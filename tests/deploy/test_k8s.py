@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import copy
 import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -243,3 +245,15 @@ def test_an_operator_overlay_sets_the_image_by_digest_and_replaces_the_config(tm
     volumes = {v["configMap"]["name"] for d in docs if d["kind"] == "Deployment"
                for v in d["spec"]["template"]["spec"]["volumes"] if "configMap" in v}
     assert volumes == {configmap["metadata"]["name"]}
+
+
+def test_envoy_given_the_headless_service_resolves_every_gate_pod() -> None:
+    docs = kustomize("overlays/production")
+    headless = one(docs, "Service", "llm-gate-headless")
+    (port,) = [p["port"] for p in headless["spec"]["ports"]]
+    name = f"{headless['metadata']['name']}.{headless['metadata']['namespace']}.svc.cluster.local"
+    out = subprocess.run([sys.executable, "-m", "extproc.cli", "envoy-config", "--gate", f"{name}:{port}"],
+                         capture_output=True, text=True, timeout=60, cwd=REPO, check=True)
+    clusters = yaml.safe_load(out.stdout)["static_resources"]["clusters"]
+    (gate,) = [c for c in clusters if name in yaml.safe_dump(c)]
+    assert gate["type"] == "STRICT_DNS"
