@@ -6,11 +6,13 @@ checks, pushes by digest and scans each architecture before it publishes the ind
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
 import shutil
 import subprocess
 import sys
+import tarfile
 import tomllib
 from pathlib import Path
 
@@ -80,6 +82,22 @@ def test_the_release_builds_checks_pushes_by_digest_and_scans_before_it_publishe
              for key in ("deploy/image/build.sh", "deploy/image/check.py", "--digestfile", "trivy-action")]
     assert order == sorted(order)
     assert index["needs"] == "image" and "manifest push" in index["steps"][0]["run"]
-    for step in image["steps"]:
+    chart = flow["jobs"]["chart"]
+    assert chart["needs"] == "index" and "deploy/helm/publish.py --push" in chart["steps"][-1]["run"]
+    for step in [*image["steps"], *chart["steps"]]:
         if "uses" in step:  # third-party code pinned to a commit
             assert re.fullmatch(r"[\w.-]+/[\w.-]+@[0-9a-f]{40}", step["uses"]), step["uses"]
+
+
+def test_the_chart_packages_at_the_package_version(tmp_path: Path) -> None:
+    spec = importlib.util.spec_from_file_location("publish", REPO / "deploy/helm/publish.py")
+    assert spec and spec.loader
+    publish = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(publish)
+    version = pyproject()["project"]["version"]  # type: ignore[index]
+    assert publish.versions() == (version, version, version)
+    archive = publish.package(tmp_path)
+    assert archive.name == f"llm-gate-{version}.tgz"
+    with tarfile.open(archive) as tar:
+        names = set(tar.getnames())
+    assert {"llm-gate/values.schema.json", "llm-gate/files/alerts.yaml"} <= names
