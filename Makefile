@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install tools demo demo-keep test lint unit bench package-check clean
+.PHONY: install tools demo demo-keep test lint unit bench package-check image image-check manifests clean
 
 install: $(STAMP)
 
@@ -43,6 +43,20 @@ test: tools lint
 # through a real Envoy.
 package-check: install
 	$(PY) deploy/ci/wheel_smoke.py
+
+# The runtime image without a container engine (mmdebstrap + umoci, as root or in a user
+# namespace): an OCI layout in build/image/oci, with the models `make install` built.
+# image-check starts it until SERVING (bubblewrap). Tools: deploy/image/tools.sh.
+image: install
+	bash deploy/image/tools.sh
+	PYTHON=$(PY) MODELS=$${MODELS:-$${LLM_GATE_MODEL_DIR:-$$HOME/.cache/llm-gate/models}} deploy/image/build.sh
+
+image-check: image
+	$(PY) deploy/image/check.py
+
+# The kustomize directories from the Helm chart (deploy/k8s/*/values.yaml are their settings).
+manifests: install
+	$(PY) deploy/k8s/generate.py
 
 bench: install
 	$(PY) -m load.bench_gate

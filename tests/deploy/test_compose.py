@@ -142,7 +142,15 @@ def test_prometheus_and_grafana_get_the_shipped_files() -> None:
 
 def test_the_dockerfile_is_multi_stage_non_root_with_models_and_a_grpc_health_check() -> None:
     text = (REPO / "Dockerfile").read_text()
-    assert text.count("\nFROM ") + text.startswith("FROM ") == 2
+    stages = {line.split()[-1]: line for line in text.splitlines() if line.startswith("FROM ")}
+    assert list(stages) == ["build", "build-demo", "base", "demo", "runtime"]  # runtime: the default
+    # The runtime image: pinned dependencies, no demo extra (no Envoy, no simulator's client).
+    runtime = text.split(stages["runtime"])[1]
+    assert runtime.strip() == "COPY --from=build /opt/llm-gate /opt/llm-gate"
+    build = text.split(stages["build"])[1].split(stages["build-demo"])[0]
+    assert "-c deploy/image/requirements.lock" in build and "[demo]" not in build
+    assert "[demo]" in text.split(stages["build-demo"])[1].split(stages["base"])[0]
+    assert resolved()["services"]["gate-1"]["build"]["target"] == "demo"
     assert "-slim" in text and "\nUSER 10001" in text
     assert "llm-gate build-models" in text and "LLM_GATE_MODEL_DIR" in text
     assert "HEALTHCHECK" in text and "extproc.healthcheck" in text
