@@ -24,6 +24,7 @@ from .stages.ratelimit import RateLimit
 from .stages.route import Route
 from .stages.token_budget import TokenBudget
 from .stages.validate import Validate
+from .versions.traffic import Traffic
 
 log = logging.getLogger("llm_gate")
 
@@ -42,9 +43,10 @@ STAGES: list[type[Stage]] = [
 ]
 
 
-def build_pipeline(config: Config, metrics: Metrics) -> Pipeline:
-    """The process's services for `config`, and the stages built on them."""
-    services = Services.build(config, metrics)
+def build_pipeline(config: Config, metrics: Metrics, traffic: Traffic | None = None) -> Pipeline:
+    """The process's services for `config`, and the stages built on them; `traffic`: the
+    process's version overrides, handed from pipeline to pipeline."""
+    services = Services.build(config, metrics, traffic)
     stages = [stage.build(config, services) for stage in STAGES]
     return Pipeline(stages, config, metrics, services)
 
@@ -84,7 +86,8 @@ async def run_gate(config: Config, index: int = 0, config_path: Path | None = No
     metrics = Metrics()
     if s.metrics_port is not None:
         metrics.serve(s.metrics_port + index, s.host)
-    pipeline = build_pipeline(config, metrics)
+    traffic = Traffic()
+    pipeline = build_pipeline(config, metrics, traffic)
     pipeline.start()
     running = await start_server(pipeline, s.host, s.port + index, max_message_bytes(config), s.tls)
     admin = None
@@ -107,7 +110,7 @@ async def run_gate(config: Config, index: int = 0, config_path: Path | None = No
                 metrics.config_reloads.labels("refused").inc()
                 return
             # Models may load: off the event loop, so open streams keep flowing meanwhile.
-            pipeline = await asyncio.to_thread(build_pipeline, fresh, metrics)
+            pipeline = await asyncio.to_thread(build_pipeline, fresh, metrics, traffic)
             pipeline.start()
             # The retiring pipeline was frozen at the start: let the collector free it again.
             gc.unfreeze()
