@@ -6,14 +6,17 @@ import asyncio
 import gc
 import logging
 import signal
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from .admin import start_admin
-from .config import Config, ConfigError, load_config
+from .config import Config, ConfigError, Routing, load_config
 from .metrics import Metrics
 from .pipeline import Pipeline
 from .server import mark_serving, start_server
 from .services import Services
+from .sources.etcd import EtcdSource
+from .sources.file import watch_file
 from .stages.admission import Admission
 from .stages.base import Stage
 from .stages.breaker import Breaker
@@ -69,7 +72,9 @@ def reread(path: Path, running: Config) -> Config | None:
         return None
     if fresh.server != running.server:
         log.warning("server settings (ports, workers) change only on restart; keeping the running ones")
-    return fresh.model_copy(update={"server": running.server})
+    if fresh.sources != running.sources:
+        log.warning("sources (file watch, etcd) change only on restart; keeping the running ones")
+    return fresh.model_copy(update={"server": running.server, "sources": running.sources})
 
 
 def settle_heap() -> None:
@@ -120,17 +125,44 @@ async def run_gate(config: Config, index: int = 0, config_path: Path | None = No
             log.info("config %s reloaded; open streams finish on the previous one", config_path)
 
     loop.add_signal_handler(signal.SIGHUP, lambda: loop.create_task(reload()))
+    sources = start_sources(config, config_path, traffic, metrics, lambda: config.routing, reload)
     await stop.wait()
+    for task in sources:
+        task.cancel()
     await running.server.stop(config.server.grace_seconds)
     if admin is not None:
         await admin.cleanup()
     await running.processor.pipeline.aclose()
 
 
+def start_sources(
+    config: Config,
+    config_path: Path | None,
+    traffic: Traffic,
+    metrics: Metrics,
+    routing: Callable[[], Routing],
+    reload: Callable[[], Awaitable[None]],
+) -> list[asyncio.Task[None]]:
+    """The watched sources' tasks (off the request path): the config file, etcd."""
+    loop = asyncio.get_running_loop()
+    tasks = []
+    watch_s = config.sources.watch_file_s
+    if watch_s is not None and config_path is not None:
+        # A worker restarted after a change starts from its supervisor's older copy.
+        fresh = reread(config_path, config)
+        stale = fresh is not None and fresh != config
+        tasks.append(loop.create_task(watch_file(config_path, watch_s, reload, stale=stale)))
+    if config.sources.etcd is not None:
+        source = EtcdSource(config.sources.etcd, traffic, routing, metrics)
+        tasks.append(loop.create_task(source.run()))
+    return tasks
+
+
 def run_process(config: Config, index: int, config_path: Path | None = None) -> None:
     """Run one gate process until SIGTERM; worker `index` listens on port + index.
 
-    SIGHUP re-reads `config_path` and swaps the pipeline without dropping open streams.
+    SIGHUP (or a change of the file, with sources.watch_file_s) re-reads `config_path` and
+    swaps the pipeline without dropping open streams.
     """
     import uvloop
 

@@ -111,7 +111,8 @@ class Metrics:
             registry=r,
         )
         self.config_reloads = Counter(
-            "gate_config_reloads", "SIGHUP reloads: done, or refused (the file was not valid).",
+            "gate_config_reloads",
+            "Reloads (SIGHUP, a watched file): done, or refused (the file was not valid).",
             ["result"], registry=r,
         )
         self.streams_active = Gauge("gate_streams_active", "Open ext_proc streams.", registry=r)
