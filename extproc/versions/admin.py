@@ -148,12 +148,16 @@ async def _run(args: argparse.Namespace, config: Config) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="llm-gate versions", description=__doc__.splitlines()[0])
-    parser.add_argument("action", choices=["status", "set-weight", "promote", "rollback", "start"])
+    parser.add_argument(
+        "action", choices=["status", "set-weight", "promote", "rollback", "start"],
+        help="status: weights, rollout and windows; set-weight: the canary's share; promote: 100%%; "
+        "rollback: 0%%; start: the rollout again from its first step",
+    )
     parser.add_argument("model", nargs="?", help="the model (routing.versions)")
     parser.add_argument("percent", nargs="?", type=float, help="set-weight: the canary's share, 0-100")
     parser.add_argument("--redis", help="Redis URL (default: store.redis_url of --config)")
     parser.add_argument("--config", type=Path, help="the gates' YAML config")
-    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--json", action="store_true", help="status as JSON")
     args = parser.parse_args(argv)
     config = load_config_or_report(args.config)
     if config is None:
