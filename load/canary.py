@@ -1,10 +1,15 @@
 """A model with two versions behind real Envoy: two simulators as the versions' pools.
 
     python -m load.canary share [--requests 10000 --callers 1000 --weight 15 --workers 2]
+    python -m load.canary rollout [--fault none|slow|errors --hold 5 --rate 40]
 
-starts the stack (Envoy, gate workers, a simulator per version), sends the requests from
-the callers (each caller an `x-user-id`), and prints the canary's measured share and how
-many callers saw more than one version. Tests and docs/versions.md use its helpers.
+`share` starts the stack (Envoy, gate workers, a simulator per version), sends the requests
+from the callers (each caller an `x-user-id`), and prints the canary's measured share and
+how many callers saw more than one version. `rollout` runs a progressive rollout of the
+canary (5 → 25 → 50 → 100%) under steady load, with Redis shared by the gate workers;
+with a fault the canary turns 3x slower (`slow`) or fails 20% with 5xx (`errors`) once it
+reaches 25%. It prints the rollout's steps as they happened and what the users of each
+version saw. Tests and docs/versions.md use its helpers.
 """
 
 from __future__ import annotations
@@ -140,15 +145,91 @@ def summarize(answers: list[Answer], canary: str = "v2") -> dict[str, Any]:
     }
 
 
+FAULTS = {
+    "slow": ("/admin/config", {"base_ttft_ms": 60, "itl_ms": 60}),  # 3x the --itl-ms 20 defaults
+    "errors": ("/admin/faults", {"error_rate": 0.2, "error_status": 500}),
+}
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q * len(ordered)) - 1))] if ordered else float("nan")
+
+
+def seen_by_users(answers: list[Answer]) -> list[str]:
+    lines = [f"{'version':<9}{'requests':>9}{'callers':>9}{'errors':>8}{'p50 ms':>8}{'p95 ms':>8}"]
+    for version in sorted({a.version or "-" for a in answers}):
+        mine = [a for a in answers if (a.version or "-") == version]
+        ok = [a.latency_s * 1000 for a in mine if a.status == 200]
+        lines.append(f"{version:<9}{len(mine):>9}{len({a.user for a in mine}):>9}"
+                     f"{len(mine) - len(ok):>8}{percentile(ok, 0.5):>8.0f}{percentile(ok, 0.95):>8.0f}")
+    moves: Counter[str] = Counter()
+    last: dict[str, str | None] = {}
+    for a in sorted(answers, key=lambda a: a.at):
+        if a.status == 200:
+            if last.get(a.user, a.version) != a.version:
+                moves[f"{last[a.user]} -> {a.version}"] += 1
+            last[a.user] = a.version
+    lines.append("callers moved: " + (", ".join(f"{k}: {v}" for k, v in sorted(moves.items())) or "none"))
+    return lines
+
+
+async def run_rollout(stack: Stack, fault: str, rate: float) -> tuple[list[Answer], list[str]]:
+    import redis.asyncio as aioredis
+
+    from extproc.versions import shared
+
+    client = aioredis.Redis(port=stack.redis_port)
+    stop = asyncio.Event()
+    load = asyncio.get_running_loop().create_task(steady(stack.url, stop, rate))
+    started, last, timeline, faulted = time.monotonic(), None, [], False
+    ended_at: float | None = None
+    async with httpx.AsyncClient() as http:
+        while time.monotonic() - started < 120:
+            state = shared.decode(await client.get(shared.state_key("gate:versions:", MODEL)))
+            now = time.monotonic() - started
+            if state is not None and state != last:
+                last = state
+                timeline.append(f"+{now:5.1f}s  canary {state.weight:>5g}%  {state.phase:<12} {state.reason}")
+                if fault != "none" and not faulted and state.weight >= 25:
+                    path, knobs = FAULTS[fault]
+                    await http.post(stack.sim_url("canary") + path, json=knobs)
+                    faulted = True
+                    timeline.append(f"+{time.monotonic() - started:5.1f}s  fault: canary {fault}")
+                if state.phase in ("done", "rolled_back") and ended_at is None:
+                    ended_at = now
+            if ended_at is not None and now > ended_at + 3:
+                break
+            await asyncio.sleep(0.05)
+    stop.set()
+    answers = await load
+    await client.aclose()
+    return answers, timeline
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m load.canary", description=__doc__.splitlines()[0])
-    p.add_argument("scenario", choices=["share"])
+    p.add_argument("scenario", choices=["share", "rollout"])
+    p.add_argument("--fault", choices=["none", *FAULTS], default="none")
+    p.add_argument("--hold", type=float, default=5.0, help="rollout: seconds each step is held")
+    p.add_argument("--rate", type=float, default=40.0, help="rollout: requests per second")
     p.add_argument("--requests", type=int, default=10_000)
     p.add_argument("--callers", type=int, default=1000)
     p.add_argument("--weight", type=float, default=15.0)
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--concurrency", type=int, default=32)
     args = p.parse_args(argv)
+    if args.scenario == "rollout":
+        plan = {"steps": [5, 25, 50, 100], "hold_s": args.hold, "min_samples": 10, "window_s": 10,
+                "max_p95_ratio": 1.5, "p95_slack_s": 0.03}
+        config = versions_config(0, plan)
+        with versions_stack(config, args.workers, with_redis=True, sim_args=["--itl-ms", "20"]) as stack:
+            answers, timeline = asyncio.run(run_rollout(stack, args.fault, args.rate))
+        print(f"rollout 5 -> 25 -> 50 -> 100%, each step held {args.hold:g}s, fault: {args.fault}")
+        print("\n".join(timeline))
+        print(f"\nwhat the users of each version saw ({len(answers)} requests from 200 callers):")
+        print("\n".join(seen_by_users(answers)))
+        return 0
     with versions_stack(versions_config(args.weight), args.workers) as stack:
         started = time.monotonic()
         answers = asyncio.run(drive(stack.url, args.callers, args.requests, args.concurrency))
