@@ -82,6 +82,7 @@ def test_a_healthy_canary_reaches_100_percent_on_schedule() -> None:
         weights = [s.weight for _, s in seen]
         assert weights[-3:] == [10, 50, 100] and seen[-1][1].phase == "done"
         held = [b.since - a.since for (_, a), (_, b) in zip(seen[-3:], seen[-2:], strict=False)]
+        print(f"healthy: {weights[-3:]}, steps held {', '.join(f'{h:.2f}s' for h in held)}")
         assert all(hold - 0.2 <= h <= hold + 2.0 for h in held), held  # each step held its time
         assert all(a.status == 200 for a in load.answers)
         late = [a for a in load.answers if a.at > done_at + 0.5]
