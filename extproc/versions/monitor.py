@@ -120,6 +120,12 @@ class VersionMonitor:
             ok, remote = await self._store(read, "state")
             if not ok:
                 return  # Redis away: keep routing by the last state seen
+            if remote is None and current is not None and current.canary == canary.name:
+                # A fresh or flushed Redis: publish what we know rather than start over (a
+                # rolled-back canary must stay at 0).
+                write = shared.write_state(self.redis, self.sync.key_prefix, name, -1, current)
+                await self._store(write, "cas")
+                return
             self._adopt(name, remote)
             current = remote
         expected = current.version if current is not None else -1

@@ -1,7 +1,7 @@
 """Rollout state and per-version windows in Redis, shared by every gate process and replica.
 
-State: one JSON value per model, changed only by compare-and-set on its version (the
-breaker's script), so one process makes each step or rollback (and sends the webhook) and
+State: one JSON value per model, changed only by compare-and-set on its version, so
+one process makes each step or rollback (and sends the webhook) and
 the others adopt it on their next tick. Windows: the breaker's slice hashes, one series
 per model version (`{prefix}{model}/{version}:w:{slice}`), summed over all processes.
 """
@@ -19,6 +19,21 @@ from ..breaker.window import Slice
 from .rollout import RolloutState
 
 PHASES = ("rolling", "done", "rolled_back", "manual")
+
+# KEYS[1] state key; ARGV[1] expected version (-1: no state yet); ARGV[2] new JSON. Unlike the
+# breaker's, a missing key takes only a writer that expected none: two processes starting a
+# rollout at once make one start, not two.
+CAS = """
+local cur = redis.call('GET', KEYS[1])
+if cur then
+  local ok, doc = pcall(cjson.decode, cur)
+  if ok and tonumber(doc['version']) ~= tonumber(ARGV[1]) then return 0 end
+elseif tonumber(ARGV[1]) ~= -1 then
+  return 0
+end
+redis.call('SET', KEYS[1], ARGV[2])
+return 1
+"""
 
 
 def state_key(prefix: str, model: str) -> str:
@@ -61,7 +76,7 @@ async def write_state(
     redis: aioredis.Redis, prefix: str, model: str, expected: int, new: RolloutState
 ) -> bool:
     """Compare-and-set: True when `new` replaced the state at version `expected` (-1: none)."""
-    done = await redis.eval(slices.CAS, 1, state_key(prefix, model), expected, encode(new))
+    done = await redis.eval(CAS, 1, state_key(prefix, model), expected, encode(new))
     return bool(done)
 
 

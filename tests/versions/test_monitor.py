@@ -12,6 +12,7 @@ from extproc.config import parse_config
 from extproc.metrics import Metrics
 from extproc.versions import shared
 from extproc.versions.monitor import VersionMonitor
+from extproc.versions.rollout import RolloutState
 from extproc.versions.traffic import Traffic
 from load.stack import RedisServer
 
@@ -125,3 +126,42 @@ async def test_alone_without_redis_a_process_decides_on_its_own_samples() -> Non
     assert m.traffic.shared["chat"].phase == "done"
     await m.close()
 
+
+
+async def test_a_flushed_redis_gets_the_known_state_back_not_a_new_rollout(redis_server: RedisServer) -> None:
+    prefix = f"flush:{os.getpid()}:versions:"
+    client = aioredis.Redis.from_url(redis_server.url)
+    now = [20_000.0]
+    m = VersionMonitor(routing(prefix), Traffic(), Metrics(), client, clock=lambda: now[0])
+    try:
+        await m.sync_once()
+        start = m.traffic.shared["chat"]
+        rolled = RolloutState("v2", "rolled_back", 0.0, 1, now[0], start.version + 1, "by hand")
+        assert await shared.write_state(client, prefix, "chat", start.version, rolled)
+        await m.sync_once()
+        assert m.traffic.shared["chat"] == rolled
+        await client.delete(shared.state_key(prefix, "chat"))  # Redis lost its data
+        await m.sync_once()
+        assert await shared.read_state(client, prefix, "chat") == rolled  # republished, still at 0
+        assert not await shared.write_state(client, prefix, "chat", -1, start)  # a late starter loses
+    finally:
+        await m.close()
+
+
+async def test_two_processes_starting_at_once_make_one_start(redis_server: RedisServer) -> None:
+    import asyncio
+
+    prefix = f"start:{os.getpid()}:versions:"
+    metrics = [Metrics(), Metrics()]
+    monitors = [
+        VersionMonitor(routing(prefix), Traffic(), metrics[i], aioredis.Redis.from_url(redis_server.url))
+        for i in range(2)
+    ]
+    try:
+        await asyncio.gather(*(m.sync_once() for m in monitors))
+        await asyncio.gather(*(m.sync_once() for m in monitors))
+        assert made(metrics[0], "rolling") + made(metrics[1], "rolling") == 1
+        assert monitors[0].traffic.shared["chat"] == monitors[1].traffic.shared["chat"]
+    finally:
+        for m in monitors:
+            await m.close()
