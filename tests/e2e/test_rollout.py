@@ -25,8 +25,8 @@ PREFIX = "gate:versions:"
 
 
 def rollout(hold_s: float) -> dict[str, Any]:
-    return {"steps": [10, 50, 100], "hold_s": hold_s, "min_samples": 8, "window_s": 10, "slices": 20,
-            "max_p95_ratio": 2.0, "p95_slack_s": 0.03}
+    return {"steps": [20, 50, 100], "hold_s": hold_s, "min_samples": 12, "window_s": 10, "slices": 20,
+            "max_p95_ratio": 1.5, "p95_slack_s": 0.03}
 
 
 @contextmanager
@@ -80,7 +80,7 @@ def test_a_healthy_canary_reaches_100_percent_on_schedule() -> None:
             done_at = seen[-1][0]
             time.sleep(1.5)
         weights = [s.weight for _, s in seen]
-        assert weights[-3:] == [10, 50, 100] and seen[-1][1].phase == "done"
+        assert weights[-3:] == [20, 50, 100] and seen[-1][1].phase == "done"
         held = [b.since - a.since for (_, a), (_, b) in zip(seen[-3:], seen[-2:], strict=False)]
         print(f"healthy: {weights[-3:]}, steps held {', '.join(f'{h:.2f}s' for h in held)}")
         assert all(hold - 0.2 <= h <= hold + 2.0 for h in held), held  # each step held its time
@@ -99,9 +99,11 @@ FAULTS = {
 @pytest.mark.parametrize("fault_name", list(FAULTS))
 def test_a_worse_canary_is_rolled_back_within_10s_and_stable_is_unaffected(fault_name: str) -> None:
     path, knobs, why = FAULTS[fault_name]
-    with webhook() as (hook, posted), stack_for(3.0, hook) as stack:
+    # Steps long enough that the fault's evidence, not the schedule, decides the 50% step: the
+    # simulator's seeded draws fail only 6 of the first 75 calls after a 20% fault starts.
+    with webhook() as (hook, posted), stack_for(6.0, hook) as stack:
         with Load(stack.url, rate=50) as load:
-            states(stack, lambda s: s.weight == 50, 30)
+            states(stack, lambda s: s.weight == 50, 40)
             time.sleep(0.5)
             fault = time.monotonic()
             assert httpx.post(stack.sim_url("canary") + path, json=knobs).status_code == 200
