@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import logging
 import signal
@@ -13,7 +14,7 @@ from .admin import start_admin
 from .config import Config, ConfigError, Routing, load_config
 from .metrics import Metrics
 from .pipeline import Pipeline
-from .server import mark_serving, start_server
+from .server import ListenError, mark_draining, mark_serving, start_server
 from .services import Services
 from .sources.etcd import EtcdSource
 from .sources.file import watch_file
@@ -27,7 +28,9 @@ from .stages.ratelimit import RateLimit
 from .stages.route import Route
 from .stages.token_budget import TokenBudget
 from .stages.validate import Validate
+from .tasks import Tasks
 from .versions.traffic import Traffic
+from .workers import CANNOT_LISTEN
 
 log = logging.getLogger("llm_gate")
 
@@ -52,6 +55,23 @@ def build_pipeline(config: Config, metrics: Metrics, traffic: Traffic | None = N
     services = Services.build(config, metrics, traffic)
     stages = [stage.build(config, services) for stage in STAGES]
     return Pipeline(stages, config, metrics, services)
+
+
+async def build_started(config: Config, metrics: Metrics, traffic: Traffic | None = None) -> Pipeline | None:
+    """A new pipeline for a reload, started; None (counted, logged, and everything it opened
+    closed) when building or starting it failed: the running one stays."""
+    pipeline = None
+    try:
+        # Models may load: off the event loop, so open streams keep flowing meanwhile.
+        pipeline = await asyncio.to_thread(build_pipeline, config, metrics, traffic)
+        await pipeline.start()
+        return pipeline
+    except Exception:
+        log.exception("config reload failed while building its services; keeping the running one")
+        metrics.config_reloads.labels("failed").inc()
+        if pipeline is not None:
+            await pipeline.aclose()
+        return None
 
 
 def max_message_bytes(config: Config) -> int:
@@ -93,7 +113,7 @@ async def run_gate(config: Config, index: int = 0, config_path: Path | None = No
         metrics.serve(s.metrics_port + index, s.host)
     traffic = Traffic()
     pipeline = build_pipeline(config, metrics, traffic)
-    pipeline.start()
+    await pipeline.start()
     running = await start_server(pipeline, s.host, s.port + index, max_message_bytes(config), s.tls)
     admin = None
     if s.admin_port is not None:
@@ -102,10 +122,18 @@ async def run_gate(config: Config, index: int = 0, config_path: Path | None = No
     await mark_serving(running.health)
     log.info("gate listening on %s:%d", s.host, running.port)
     stop = asyncio.Event()
+    drain = True
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+
+    def quit_now() -> None:
+        nonlocal drain
+        drain = False
+        stop.set()
+
+    loop.add_signal_handler(signal.SIGTERM, stop.set)
+    loop.add_signal_handler(signal.SIGINT, quit_now)
     reloading = asyncio.Lock()
+    background = Tasks(metrics)
 
     async def reload() -> None:
         nonlocal config
@@ -114,9 +142,9 @@ async def run_gate(config: Config, index: int = 0, config_path: Path | None = No
             if fresh is None:
                 metrics.config_reloads.labels("refused").inc()
                 return
-            # Models may load: off the event loop, so open streams keep flowing meanwhile.
-            pipeline = await asyncio.to_thread(build_pipeline, fresh, metrics, traffic)
-            pipeline.start()
+            pipeline = await build_started(fresh, metrics, traffic)
+            if pipeline is None:
+                return
             # The retiring pipeline was frozen at the start: let the collector free it again.
             gc.unfreeze()
             running.processor.swap(pipeline)
@@ -124,38 +152,42 @@ async def run_gate(config: Config, index: int = 0, config_path: Path | None = No
             metrics.config_reloads.labels("done").inc()
             log.info("config %s reloaded; open streams finish on the previous one", config_path)
 
-    loop.add_signal_handler(signal.SIGHUP, lambda: loop.create_task(reload()))
-    sources = start_sources(config, config_path, traffic, metrics, lambda: config.routing, reload)
+    loop.add_signal_handler(signal.SIGHUP, lambda: background.spawn(reload(), "reload"))
+    start_sources(background, config, config_path, traffic, metrics, lambda: config.routing, reload)
     await stop.wait()
-    for task in sources:
-        task.cancel()
-    await running.server.stop(config.server.grace_seconds)
+    await mark_draining(running.health)
+    if drain and config.server.drain_seconds > 0:
+        log.info("draining for %.1fs: NOT_SERVING, still answering", config.server.drain_seconds)
+        stop.clear()
+        with contextlib.suppress(TimeoutError):  # a SIGINT meanwhile ends the drain
+            await asyncio.wait_for(stop.wait(), config.server.drain_seconds)
+    grace = config.server.grace_seconds if drain else min(config.server.grace_seconds, 1.0)
+    await running.server.stop(grace)
+    await background.aclose()
     if admin is not None:
         await admin.cleanup()
-    await running.processor.pipeline.aclose()
+    await running.processor.aclose(wait_s=1.0)
 
 
 def start_sources(
+    background: Tasks,
     config: Config,
     config_path: Path | None,
     traffic: Traffic,
     metrics: Metrics,
     routing: Callable[[], Routing],
     reload: Callable[[], Awaitable[None]],
-) -> list[asyncio.Task[None]]:
-    """The watched sources' tasks (off the request path): the config file, etcd."""
-    loop = asyncio.get_running_loop()
-    tasks = []
+) -> None:
+    """The watched sources' loops (off the request path, stopped with `background`)."""
     watch_s = config.sources.watch_file_s
     if watch_s is not None and config_path is not None:
         # A worker restarted after a change starts from its supervisor's older copy.
         fresh = reread(config_path, config)
         stale = fresh is not None and fresh != config
-        tasks.append(loop.create_task(watch_file(config_path, watch_s, reload, stale=stale)))
+        background.spawn(watch_file(config_path, watch_s, reload, stale=stale), "watch_file")
     if config.sources.etcd is not None:
         source = EtcdSource(config.sources.etcd, traffic, routing, metrics)
-        tasks.append(loop.create_task(source.run()))
-    return tasks
+        background.spawn(source.run(), "etcd_watch")
 
 
 def run_process(config: Config, index: int, config_path: Path | None = None) -> None:
@@ -167,4 +199,8 @@ def run_process(config: Config, index: int, config_path: Path | None = None) -> 
     import uvloop
 
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s gate[{index}] %(levelname)s %(message)s")
-    uvloop.run(run_gate(config, index, config_path))
+    try:
+        uvloop.run(run_gate(config, index, config_path))
+    except ListenError as exc:
+        log.error("%s", exc)
+        raise SystemExit(CANNOT_LISTEN) from None

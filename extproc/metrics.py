@@ -112,7 +112,8 @@ class Metrics:
         )
         self.config_reloads = Counter(
             "gate_config_reloads",
-            "Reloads (SIGHUP, a watched file): done, or refused (the file was not valid).",
+            "Config reloads (SIGHUP, a watched file): done, refused (an invalid file), or failed "
+            "(its services could not be built).",
             ["result"], registry=r,
         )
         self.streams_active = Gauge("gate_streams_active", "Open ext_proc streams.", registry=r)

@@ -11,6 +11,8 @@ import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+import redis.asyncio as aioredis
+
 from .breaker.adaptive import AdaptiveLimit
 from .breaker.monitor import Breakers
 from .breaker.webhook import Notifier
@@ -49,6 +51,7 @@ class Services:
     matchers: Matchers
     selfcheck: SelfCheck | None  # cache.semantic.self_check; None when off
     breakers: Breakers
+    breaker_client: aioredis.Redis | None  # the breaker's own client, closed with the rest
     pools: Pools
     tracing: Tracing
     traffic: Traffic  # the process's traffic overrides: outlives this config
@@ -67,8 +70,9 @@ class Services:
         answers = answer_store(redis, config.store.redis_url if c.enabled else None)
         # The breaker's sync loop is off the request path: its own client, a looser time box.
         breaker_store = config.store.model_copy(update={"op_timeout_ms": config.breaker.sync_timeout_ms})
-        breakers = Breakers(config.breaker, config.routing.pools, metrics, connect(breaker_store))
-        pools = Pools(config.admission, metrics, config.server.workers)
+        breaker_client = connect(breaker_store)
+        breakers = Breakers(config.breaker, config.routing.pools, metrics, breaker_client, tasks=tasks)
+        pools = Pools(config.admission, metrics, config.server.workers, names=list(config.routing.pools))
         # The seed's adaptive limit: a pool slowing down under load gets fewer slots.
         breakers.subscribe(AdaptiveLimit(config.breaker, pools.set_capacity_factor))
         traffic = traffic if traffic is not None else Traffic()
@@ -76,7 +80,9 @@ class Services:
             traffic.published = _share_gauges(metrics)
         sync_store = config.store.model_copy(update={"op_timeout_ms": config.routing.version_sync.timeout_ms})
         notifier = Notifier(config.breaker.webhook, metrics) if config.breaker.webhook else None
-        versions = VersionMonitor(config.routing, traffic, metrics, connect(sync_store), notifier)
+        versions = VersionMonitor(
+            config.routing, traffic, metrics, connect(sync_store), notifier, tasks=tasks
+        )
         prefix = config.ratelimit.key_prefix
         cache_budget_s = c.op_timeout_ms / 1000 if c.op_timeout_ms is not None else None
         sc = c.semantic.self_check
@@ -98,17 +104,20 @@ class Services:
             ),
             selfcheck=selfcheck,
             breakers=breakers,
+            breaker_client=breaker_client,
             pools=pools,
             tracing=Tracing.create(config.server.tracing),
             traffic=traffic,
             versions=versions,
         )
 
-    def start(self) -> None:
-        """Start the background loops in the running event loop."""
+    async def start(self) -> None:
+        """Start every background loop in the running event loop, before any request: no
+        service is started from a request's path."""
         if self.breakers.config.enabled:
             self.breakers.start()
         self.leases.start()
+        await self.pools.start()
         self.versions.start()
 
     async def aclose(self) -> None:
@@ -116,6 +125,7 @@ class Services:
         for name, close in (
             ("tasks", self.tasks.aclose),
             ("breakers", self.breakers.close),
+            ("breaker client", self._close_breaker_client),
             ("versions", self.versions.close),
             ("pools", self.pools.aclose),
             ("matchers", self.matchers.aclose),
@@ -127,6 +137,11 @@ class Services:
                 await close()
             except Exception:
                 log.exception("closing %s failed", name)
+
+
+    async def _close_breaker_client(self) -> None:
+        if self.breaker_client is not None:
+            await self.breaker_client.aclose()
 
 
 def _async(close: Callable[[], None]) -> Callable[[], Awaitable[None]]:

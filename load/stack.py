@@ -248,6 +248,7 @@ class Stack:
                     "workers": self.gate_workers,
                     "metrics_port": self.metrics_ports[0],
                     "grace_seconds": 1,
+                    "drain_seconds": 0,  # tests stop stacks at once; the rollout drill drains
                 }
             },
             self.gate_config,

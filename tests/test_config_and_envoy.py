@@ -149,7 +149,10 @@ def test_istio_routing_matches_every_default_pool_and_the_envoy_protection() -> 
         m["headers"]["x-gate-cluster"]["exact"] for r in routes for m in r.get("match", []) if "headers" in m
     }
     assert matched == {pool.cluster for pool in Routing().pools.values()}
-    assert "match" not in service["spec"]["http"][-1]  # pass-through paths have a default route
+    # Only the allow-list passes untouched; no route catches every other path.
+    assert all(r.get("match") for r in service["spec"]["http"])
+    allowed = {(m["method"]["exact"], m["uri"]["exact"]) for m in service["spec"]["http"][-1]["match"]}
+    assert allowed == {tuple(e.split()) for e in Routing().passthrough}
     envoy = yaml.safe_load((REPO / "envoy/envoy.yaml").read_text())
     primary = next(c for c in envoy["static_resources"]["clusters"] if c["name"] == "primary")
     outlier = primary["outlier_detection"]

@@ -83,7 +83,6 @@ class Breaker(Stage):
     async def on_request(self, ex: Exchange) -> Reply | None:
         if not self.config.enabled or ex.pool is None or ex.payload is None:
             return None
-        self.breakers.start()
         pool = ex.pool
         choice = self.breakers.choose(pool)
         fallback = self.routing.pools[pool].fallback

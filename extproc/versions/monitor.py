@@ -27,6 +27,7 @@ from ..breaker.window import Slice, Stats, Window, summarize
 from ..config import Routing
 from ..metrics import Metrics
 from ..redis_conn import timeboxed
+from ..tasks import Tasks
 from . import shared
 from .rollout import RolloutState, begin, next_rollout
 from .settings import Rollout, VersionedModel
@@ -46,6 +47,7 @@ class VersionMonitor:
         notifier: Notifier | None = None,
         *,
         clock: Callable[[], float] = time.time,
+        tasks: Tasks | None = None,
     ) -> None:
         self.routing = routing
         self.sync = routing.version_sync
@@ -54,6 +56,7 @@ class VersionMonitor:
         self.redis = redis
         self.notifier = notifier
         self.clock = clock
+        self.tasks = tasks if tasks is not None else Tasks(metrics)
         self.identity = f"{socket.gethostname()}:{os.getpid()}"
         self.windows: dict[tuple[str, str], Window] = {}
         for name, model in self.watched().items():
@@ -77,7 +80,7 @@ class VersionMonitor:
 
     def start(self) -> None:
         if self.windows and (self._task is None or self._task.done()):
-            self._task = asyncio.get_running_loop().create_task(self.run())
+            self._task = self.tasks.spawn(self.run(), "versions_sync")
 
     async def run(self) -> None:
         while True:
