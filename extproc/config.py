@@ -235,8 +235,10 @@ class RateLimit(Strict):
     repeat: RepeatBlock = RepeatBlock()
     # Proxies in front of Envoy whose x-forwarded-for entries are trusted (Envoy appends its peer).
     trusted_hops: int = Field(default=0, ge=0)
-    # Paths answered 503 when the store cannot be reached; elsewhere limits are skipped.
+    # While the store cannot be reached, limits are skipped, except on these path prefixes and
+    # for these tiers, which are answered 503 (retry-after: 1).
     fail_closed_paths: list[str] = Field(default_factory=list)
+    fail_closed_tiers: list[Tier] = Field(default_factory=list)
     key_prefix: str = "gate:rl:"
 
 

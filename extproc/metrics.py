@@ -351,7 +351,9 @@ class Metrics:
             registry=r,
         )
         self.token_budget = Counter(
-            "gate_token_budget", "Token budget decisions: allowed, limited, skipped.", ["result"], registry=r
+            "gate_token_budget",
+            "Token budget decisions: allowed, limited, skipped or unavailable (store down).",
+            ["result"], registry=r,
         )
         # Model versions (extproc/versions/): each version is a pool, so its breaker state is
         # gate_breaker_state{pool=...} of that pool.

@@ -89,6 +89,10 @@ class TokenBudget(_Strict):
     # reconciled too. Off by default: older vLLM rejects the option, and the client then
     # also gets the final usage chunk (with empty choices) it did not ask for.
     inject_include_usage: bool = False
+    # While the store cannot be reached, budgets are skipped, except on these path prefixes and
+    # for these tiers, which are answered 503 (retry-after: 1).
+    fail_closed_paths: list[str] = Field(default_factory=list)
+    fail_closed_tiers: list[str] = Field(default_factory=list)
 
 
 class Admission(_Strict):

@@ -57,6 +57,7 @@ CREDENTIALS = ("authorization", "x-api-key")
 
 class Identity(Stage):
     name = "identity"
+    store_down = "not used"
     fail_closed = True
 
     def __init__(self, config: IdentityConfig) -> None:

@@ -62,6 +62,7 @@ class VersionCall:
 
 class Route(Stage):
     name = "route"
+    store_down = "not used"
     fail_closed = True  # an unrouted request must not reach whichever pool is the default
 
     def __init__(
