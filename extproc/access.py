@@ -29,6 +29,7 @@ def access_record(ex: Exchange, busy_s: float, now: float | None = None) -> dict
         "model": model if isinstance(model, str) else None,
         "stream": payload.get("stream") is True,
         "pool": ex.pool,
+        "version": ex.version,
         "cluster": ex.client_headers.get("x-gate-cluster"),
         "cache": ex.client_headers.get("x-gate-cache"),
         "decision": ex.decision,

@@ -7,14 +7,17 @@ import contextlib
 import gc
 import logging
 import signal
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from .admin import start_admin
-from .config import Config, ConfigError, load_config
+from .config import Config, ConfigError, Routing, load_config
 from .metrics import Metrics
 from .pipeline import Pipeline
 from .server import ListenError, mark_draining, mark_serving, start_server
 from .services import Services
+from .sources.etcd import EtcdSource
+from .sources.file import watch_file
 from .stages.admission import Admission
 from .stages.base import Stage
 from .stages.breaker import Breaker
@@ -26,6 +29,7 @@ from .stages.route import Route
 from .stages.token_budget import TokenBudget
 from .stages.validate import Validate
 from .tasks import Tasks
+from .versions.traffic import Traffic
 from .workers import CANNOT_LISTEN
 
 log = logging.getLogger("llm_gate")
@@ -45,20 +49,21 @@ STAGES: list[type[Stage]] = [
 ]
 
 
-def build_pipeline(config: Config, metrics: Metrics) -> Pipeline:
-    """The process's services for `config`, and the stages built on them."""
-    services = Services.build(config, metrics)
+def build_pipeline(config: Config, metrics: Metrics, traffic: Traffic | None = None) -> Pipeline:
+    """The process's services for `config`, and the stages built on them; `traffic`: the
+    process's version overrides, handed from pipeline to pipeline."""
+    services = Services.build(config, metrics, traffic)
     stages = [stage.build(config, services) for stage in STAGES]
     return Pipeline(stages, config, metrics, services)
 
 
-async def build_started(config: Config, metrics: Metrics) -> Pipeline | None:
+async def build_started(config: Config, metrics: Metrics, traffic: Traffic | None = None) -> Pipeline | None:
     """A new pipeline for a reload, started; None (counted, logged, and everything it opened
     closed) when building or starting it failed: the running one stays."""
     pipeline = None
     try:
         # Models may load: off the event loop, so open streams keep flowing meanwhile.
-        pipeline = await asyncio.to_thread(build_pipeline, config, metrics)
+        pipeline = await asyncio.to_thread(build_pipeline, config, metrics, traffic)
         await pipeline.start()
         return pipeline
     except Exception:
@@ -87,7 +92,9 @@ def reread(path: Path, running: Config) -> Config | None:
         return None
     if fresh.server != running.server:
         log.warning("server settings (ports, workers) change only on restart; keeping the running ones")
-    return fresh.model_copy(update={"server": running.server})
+    if fresh.sources != running.sources:
+        log.warning("sources (file watch, etcd) change only on restart; keeping the running ones")
+    return fresh.model_copy(update={"server": running.server, "sources": running.sources})
 
 
 def settle_heap() -> None:
@@ -104,7 +111,8 @@ async def run_gate(config: Config, index: int = 0, config_path: Path | None = No
     metrics = Metrics()
     if s.metrics_port is not None:
         metrics.serve(s.metrics_port + index, s.host)
-    pipeline = build_pipeline(config, metrics)
+    traffic = Traffic()
+    pipeline = build_pipeline(config, metrics, traffic)
     await pipeline.start()
     running = await start_server(pipeline, s.host, s.port + index, max_message_bytes(config), s.tls)
     admin = None
@@ -134,7 +142,7 @@ async def run_gate(config: Config, index: int = 0, config_path: Path | None = No
             if fresh is None:
                 metrics.config_reloads.labels("refused").inc()
                 return
-            pipeline = await build_started(fresh, metrics)
+            pipeline = await build_started(fresh, metrics, traffic)
             if pipeline is None:
                 return
             # The retiring pipeline was frozen at the start: let the collector free it again.
@@ -145,6 +153,7 @@ async def run_gate(config: Config, index: int = 0, config_path: Path | None = No
             log.info("config %s reloaded; open streams finish on the previous one", config_path)
 
     loop.add_signal_handler(signal.SIGHUP, lambda: background.spawn(reload(), "reload"))
+    start_sources(background, config, config_path, traffic, metrics, lambda: config.routing, reload)
     await stop.wait()
     await mark_draining(running.health)
     if drain and config.server.drain_seconds > 0:
@@ -160,10 +169,32 @@ async def run_gate(config: Config, index: int = 0, config_path: Path | None = No
     await running.processor.aclose(wait_s=1.0)
 
 
+def start_sources(
+    background: Tasks,
+    config: Config,
+    config_path: Path | None,
+    traffic: Traffic,
+    metrics: Metrics,
+    routing: Callable[[], Routing],
+    reload: Callable[[], Awaitable[None]],
+) -> None:
+    """The watched sources' loops (off the request path, stopped with `background`)."""
+    watch_s = config.sources.watch_file_s
+    if watch_s is not None and config_path is not None:
+        # A worker restarted after a change starts from its supervisor's older copy.
+        fresh = reread(config_path, config)
+        stale = fresh is not None and fresh != config
+        background.spawn(watch_file(config_path, watch_s, reload, stale=stale), "watch_file")
+    if config.sources.etcd is not None:
+        source = EtcdSource(config.sources.etcd, traffic, routing, metrics)
+        background.spawn(source.run(), "etcd_watch")
+
+
 def run_process(config: Config, index: int, config_path: Path | None = None) -> None:
     """Run one gate process until SIGTERM; worker `index` listens on port + index.
 
-    SIGHUP re-reads `config_path` and swaps the pipeline without dropping open streams.
+    SIGHUP (or a change of the file, with sources.watch_file_s) re-reads `config_path` and
+    swaps the pipeline without dropping open streams.
     """
     import uvloop
 

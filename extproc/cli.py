@@ -16,6 +16,7 @@ DELEGATED = (
     ("cache-purge", "extproc.cache.purge", "drop cached answers by tenant, model or x-gate-cache-key"),
     ("blocks", "extproc.ratelimit.admin", "list or lift repeated-prompt blocks"),
     ("breaker", "extproc.breaker.admin", "show or force the latency breaker of each pool"),
+    ("versions", "extproc.versions.admin", "show model versions and set, promote or roll back a canary"),
     ("calibrate", "extproc.dedup.calibrate", "fit the dedup verifier on labelled pairs and report"),
     ("dedup", "extproc.cache.selfcheck_admin", "show the self-calibration bins (dedup status)"),
     ("sim", "load.vllm_sim", "run the vLLM simulator (an OpenAI-shaped server for tests and demos)"),

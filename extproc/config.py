@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from .redis_config import RedisTopology, check_url
 from .scheduler.settings import Admission
+from .versions.settings import Sources, VersionedModel, VersionSync
 
 Tier = Literal["vip", "premium", "standard"]
 TIERS: tuple[Tier, ...] = ("vip", "premium", "standard")
@@ -28,6 +29,8 @@ class Caller(Strict):
     tenant: str
     tier: Tier = "standard"
     user: str | None = None
+    # `x-canary: true` from this key sends its requests to the model's canary version.
+    canary: bool = False
 
 
 class Identity(Strict):
@@ -130,6 +133,9 @@ class Routing(Strict):
     default_pool: str | None = "primary"
     rules: list[Rule] = Field(default_factory=list)
     scene_header: str = "x-business-scene"
+    # Models served by several versions (weighted, sticky per caller); before `models`.
+    versions: dict[str, VersionedModel] = Field(default_factory=dict)
+    version_sync: VersionSync = VersionSync()
 
     @model_validator(mode="after")
     def _passthrough_shape(self) -> Routing:
@@ -144,6 +150,9 @@ class Routing(Strict):
         named += [(f"models.{m}", p) for m, p in self.models.items()]
         named += [(f"rules.{i}.pool", r.pool) for i, r in enumerate(self.rules)]
         named += [(f"pools.{n}.fallback", p.fallback) for n, p in self.pools.items() if p.fallback]
+        named += [
+            (f"versions.{m}.{v.name}", v.pool) for m, vm in self.versions.items() for v in vm.versions
+        ]
         missing = [f"{where}: unknown pool {pool!r}" for where, pool in named if pool not in self.pools]
         if missing:
             raise ValueError("; ".join(missing))
@@ -432,6 +441,7 @@ class Config(Strict):
     ratelimit: RateLimit = RateLimit()
     cache: Cache = Cache()
     admission: Admission = Admission()
+    sources: Sources = Sources()
 
 
 class ConfigError(Exception):

@@ -54,6 +54,11 @@ class Exchange:
     user: str | None = None
     key_id: str | None = None
     pool: str | None = None
+    may_use_canary: bool = False  # the caller's key lets `x-canary: true` pick the canary
+    version: str | None = None  # the model version chosen for this request
+    # What cached answers are scoped by besides the request: the version, unless versions
+    # of the model share answers.
+    cache_version: str | None = None
     prompt_tokens: int = 0
     upstream_headers: dict[str, str] = field(default_factory=dict)
     upstream_remove: list[str] = field(default_factory=list)  # request headers that stay here

@@ -112,7 +112,8 @@ class Metrics:
         )
         self.config_reloads = Counter(
             "gate_config_reloads",
-            "Config reloads: done, refused (an invalid file), or failed (its services could not be built).",
+            "Config reloads (SIGHUP, a watched file): done, refused (an invalid file), or failed "
+            "(its services could not be built).",
             ["result"], registry=r,
         )
         self.streams_active = Gauge("gate_streams_active", "Open ext_proc streams.", registry=r)
@@ -353,6 +354,37 @@ class Metrics:
             "gate_token_budget",
             "Token budget decisions: allowed, limited, skipped or unavailable (store down).",
             ["result"], registry=r,
+        )
+        # Model versions (extproc/versions/): each version is a pool, so its breaker state is
+        # gate_breaker_state{pool=...} of that pool.
+        self.version_requests = Counter(
+            "gate_version_requests", "Requests routed to each version of a model.",
+            ["model", "version"], registry=r,
+        )
+        self.version_latency = Histogram(
+            "gate_version_latency_seconds",
+            "Upstream time of each version's answered calls (the whole response).",
+            ["model", "version"],
+            buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0),
+            registry=r,
+        )
+        self.version_errors = Counter(
+            "gate_version_errors", "Upstream 5xx, or no answer, per version.",
+            ["model", "version"], registry=r,
+        )
+        self.version_share = Gauge(
+            "gate_version_share", "Share of a model's callers each version gets, as this process routes.",
+            ["model", "version"], registry=r,
+        )
+        self.rollout_changes = Counter(
+            "gate_rollout_changes",
+            "Rollout state changes this process made or adopted: step, done, rolled_back, manual.",
+            ["model", "phase", "origin"],
+            registry=r,
+        )
+        self.config_source_updates = Counter(
+            "gate_config_source_updates", "Changes from a watched config source: applied or refused.",
+            ["source", "result"], registry=r,
         )
 
     def serve(self, port: int, host: str = "127.0.0.1") -> None:

@@ -15,6 +15,7 @@ import redis.asyncio as aioredis
 
 from .breaker.adaptive import AdaptiveLimit
 from .breaker.monitor import Breakers
+from .breaker.webhook import Notifier
 from .cache.lease import Leases
 from .cache.selfcheck import SelfCheck, make_bins
 from .cache.setup import Matchers, answer_store, load_matchers
@@ -30,6 +31,9 @@ from .scheduler.pools import Pools
 from .tasks import Tasks
 from .tokens import TokenCounter
 from .tracing import Tracing
+from .versions.choose import Share
+from .versions.monitor import VersionMonitor
+from .versions.traffic import Traffic
 
 log = logging.getLogger("llm_gate.services")
 
@@ -50,10 +54,15 @@ class Services:
     breaker_client: aioredis.Redis | None  # the breaker's own client, closed with the rest
     pools: Pools
     tracing: Tracing
+    traffic: Traffic  # the process's traffic overrides: outlives this config
+    versions: VersionMonitor
 
     @classmethod
-    def build(cls, config: Config, metrics: Metrics) -> Services:
-        """Everything a pipeline needs; may load models (call it off the event loop on reload)."""
+    def build(cls, config: Config, metrics: Metrics, traffic: Traffic | None = None) -> Services:
+        """Everything a pipeline needs; may load models (call it off the event loop on reload).
+
+        `traffic`: the process's overrides (etcd, shared rollout state), kept across reloads.
+        """
         tasks = Tasks(metrics)
         redis = connect(config.store)
         store = StoreGuard(redis, config.store, metrics, tasks)
@@ -66,6 +75,14 @@ class Services:
         pools = Pools(config.admission, metrics, config.server.workers, names=list(config.routing.pools))
         # The seed's adaptive limit: a pool slowing down under load gets fewer slots.
         breakers.subscribe(AdaptiveLimit(config.breaker, pools.set_capacity_factor))
+        traffic = traffic if traffic is not None else Traffic()
+        if traffic.published is None:
+            traffic.published = _share_gauges(metrics)
+        sync_store = config.store.model_copy(update={"op_timeout_ms": config.routing.version_sync.timeout_ms})
+        notifier = Notifier(config.breaker.webhook, metrics) if config.breaker.webhook else None
+        versions = VersionMonitor(
+            config.routing, traffic, metrics, connect(sync_store), notifier, tasks=tasks
+        )
         prefix = config.ratelimit.key_prefix
         cache_budget_s = c.op_timeout_ms / 1000 if c.op_timeout_ms is not None else None
         sc = c.semantic.self_check
@@ -90,6 +107,8 @@ class Services:
             breaker_client=breaker_client,
             pools=pools,
             tracing=Tracing.create(config.server.tracing),
+            traffic=traffic,
+            versions=versions,
         )
 
     async def start(self) -> None:
@@ -99,6 +118,7 @@ class Services:
             self.breakers.start()
         self.leases.start()
         await self.pools.start()
+        self.versions.start()
 
     async def aclose(self) -> None:
         """Stop every background task and close every client, whatever fails on the way."""
@@ -106,6 +126,7 @@ class Services:
             ("tasks", self.tasks.aclose),
             ("breakers", self.breakers.close),
             ("breaker client", self._close_breaker_client),
+            ("versions", self.versions.close),
             ("pools", self.pools.aclose),
             ("matchers", self.matchers.aclose),
             ("store", self.store.aclose),
@@ -128,3 +149,11 @@ def _async(close: Callable[[], None]) -> Callable[[], Awaitable[None]]:
         close()
 
     return run
+
+
+def _share_gauges(metrics: Metrics) -> Callable[[str, tuple[Share, ...]], None]:
+    def publish(model: str, table: tuple[Share, ...]) -> None:
+        for version in table:
+            metrics.version_share.labels(model, version.name).set(version.share)
+
+    return publish

@@ -2,7 +2,8 @@
 
 The scope holds everything that may change the answer except the last user message:
 tenant (unless shared), path, model, every sampling parameter, system prompt, tool
-schema and every earlier turn. Only the last user message is compared, first as text
+schema, every earlier turn and the model version (unless the model's versions share
+answers). Only the last user message is compared, first as text
 (normalised), then by meaning. Fields that change only the framing of the answer
 (`stream`, `stream_options`, `user`) stay out of the scope, so a streaming caller can be
 answered from a non-streaming one.
@@ -58,17 +59,23 @@ class Question:
     tenant: str  # the scope's tenant ("*" when shared)
 
 
-def question(payload: dict[str, Any], path: str, tenant: str, shared: bool) -> Question:
+def question(
+    payload: dict[str, Any], path: str, tenant: str, shared: bool, version: str | None = None
+) -> Question:
+    """`version`: the model version answering (None: unversioned, or versions share answers)."""
     earlier, text = split_last(payload)
     rest = {k: v for k, v in payload.items() if k not in FRAMING_FIELDS and k not in ("messages", "prompt")}
     scope_tenant = "*" if shared else tenant
-    scope = digest(
+    parts = [
         scope_tenant.encode(),
         path.encode(),
         orjson.dumps(rest, option=orjson.OPT_SORT_KEYS),
         orjson.dumps(earlier, option=orjson.OPT_SORT_KEYS),
         b"" if text is None else b"text",
-    )
+    ]
+    if version is not None:  # an unversioned model keeps the keys it always had
+        parts.append(b"version:" + version.encode())
+    scope = digest(*parts)
     return Question(scope=scope, text=text, model=str(payload.get("model", "")), tenant=scope_tenant)
 
 

@@ -113,7 +113,8 @@ class Cache(Stage):
         if acc.bypass:
             self._outcome(ex, "bypass")
             return None
-        q = question(payload, ex.route_path, ex.tenant, self.config.shared_across_tenants)
+        shared = self.config.shared_across_tenants
+        q = question(payload, ex.route_path, ex.tenant, shared, ex.cache_version)
         f = Flight(q, exact_key(q, self.canon), acc, wants_stream(payload), wants_usage(payload))
         ex.state[self.name] = f
         if acc.lookup and f.access.store:

@@ -89,5 +89,6 @@ class Identity(Stage):
         ex.tenant = caller.tenant
         ex.tier = caller.tier
         ex.priority = lower_tier(caller.tier, ex.headers.get("x-priority"))
+        ex.may_use_canary = caller.canary
         ex.user = caller.user or ex.headers.get("x-user-id") or ex.key_id
         return None

@@ -29,7 +29,7 @@ def test_version_and_help_name_every_command() -> None:
     assert out.returncode == 0 and out.stdout.strip() == f"llm-gate {cli.version()}"
     text = llm_gate("--help").stdout
     names = ["serve", "check-config", "lsh-center", *(name for name, _, _ in cli.DELEGATED)]
-    assert len(names) == 13
+    assert len(names) == 14
     listed = re.findall(r"^ {4}([a-z-]+)", text, re.MULTILINE)
     assert listed == names
 

@@ -1,0 +1,1 @@
+"""Model versions: weighted sticky choice, traffic overrides, progressive delivery."""
