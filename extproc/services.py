@@ -11,8 +11,6 @@ import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-import redis.asyncio as aioredis
-
 from .breaker.adaptive import AdaptiveLimit
 from .breaker.monitor import Breakers
 from .breaker.webhook import Notifier
@@ -25,6 +23,7 @@ from .metrics import Metrics
 from .ratelimit.store import LimitStore
 from .ratelimit.store import MemoryStore as MemoryLimits
 from .ratelimit.store import RedisStore as RedisLimits
+from .redis_client import Client
 from .redis_conn import StoreGuard, connect
 from .scheduler.budget import BudgetStore, MemoryBudgets, RedisBudgets
 from .scheduler.pools import Pools
@@ -51,7 +50,7 @@ class Services:
     matchers: Matchers
     selfcheck: SelfCheck | None  # cache.semantic.self_check; None when off
     breakers: Breakers
-    breaker_client: aioredis.Redis | None  # the breaker's own client, closed with the rest
+    breaker_client: Client | None  # the breaker's own client, closed with the rest
     pools: Pools
     tracing: Tracing
     traffic: Traffic  # the process's traffic overrides: outlives this config

@@ -68,7 +68,9 @@ class Counted:
     def __init__(self, port: int) -> None:
         self.port = port
 
-    def monitor(self, work: Callable[[], Coroutine[Any, Any, Any]], path: Path) -> tuple[Any, Counter[str], float]:
+    def monitor(
+        self, work: Callable[[], Coroutine[Any, Any, Any]], path: Path
+    ) -> tuple[Any, Counter[str], float]:
         with open(path, "w") as out:
             proc = subprocess.Popen(["redis-cli", "-p", str(self.port), "monitor"], stdout=out)
             time.sleep(0.5)

@@ -20,12 +20,11 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-import redis.asyncio as aioredis
-
 from ..breaker.webhook import Notifier
 from ..breaker.window import Slice, Stats, Window, summarize
 from ..config import Routing
 from ..metrics import Metrics
+from ..redis_client import Client
 from ..redis_conn import timeboxed
 from ..tasks import Tasks
 from . import shared
@@ -43,7 +42,7 @@ class VersionMonitor:
         routing: Routing,
         traffic: Traffic,
         metrics: Metrics,
-        redis: aioredis.Redis | None = None,
+        redis: Client | None = None,
         notifier: Notifier | None = None,
         *,
         clock: Callable[[], float] = time.time,

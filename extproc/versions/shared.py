@@ -12,10 +12,10 @@ from collections.abc import Iterable
 from typing import Any
 
 import orjson
-import redis.asyncio as aioredis
 
 from ..breaker import shared as slices
 from ..breaker.window import Slice
+from ..redis_client import Client
 from .rollout import RolloutState
 
 PHASES = ("rolling", "done", "rolled_back", "manual")
@@ -68,12 +68,12 @@ def decode(raw: bytes | str | None) -> RolloutState | None:
         return None
 
 
-async def read_state(redis: aioredis.Redis, prefix: str, model: str) -> RolloutState | None:
+async def read_state(redis: Client, prefix: str, model: str) -> RolloutState | None:
     return decode(await redis.get(state_key(prefix, model)))
 
 
 async def write_state(
-    redis: aioredis.Redis, prefix: str, model: str, expected: int, new: RolloutState
+    redis: Client, prefix: str, model: str, expected: int, new: RolloutState
 ) -> bool:
     """Compare-and-set: True when `new` replaced the state at version `expected` (-1: none)."""
     done = await redis.eval(CAS, 1, state_key(prefix, model), expected, encode(new))
@@ -81,12 +81,12 @@ async def write_state(
 
 
 async def push(
-    redis: aioredis.Redis, prefix: str, model: str, version: str, pending: dict[int, Slice], ttl_s: int
+    redis: Client, prefix: str, model: str, version: str, pending: dict[int, Slice], ttl_s: int
 ) -> None:
     await slices.push(redis, prefix, series(model, version), pending, ttl_s)
 
 
 async def read_window(
-    redis: aioredis.Redis, prefix: str, model: str, version: str, span: Iterable[int]
+    redis: Client, prefix: str, model: str, version: str, span: Iterable[int]
 ) -> list[Slice]:
     return await slices.read_slices(redis, prefix, series(model, version), span)
