@@ -99,20 +99,15 @@ def center_files(config: Config) -> list[tuple[str, Path, str]]:
 
 
 def secret_warnings(config: Config) -> list[str]:
-    """Secrets written in the config file itself: it usually ships as a ConfigMap, readable by
-    anyone who can read the namespace's configuration."""
+    """Secrets written in the config file itself (it usually ships as a ConfigMap, readable by
+    anyone who can read the namespace's configuration) that the schema still accepts."""
     warnings = []
     if config.identity.api_keys:
         warnings.append(
             f"identity.api_keys: {len(config.identity.api_keys)} API key(s) in the config file; move them "
             "to identity.api_keys_file (a mounted Secret) or identity.api_keys_env"
         )
-    url = config.store.redis_url or ""
-    if "@" in url and ":" in url.split("@", 1)[0].split("//", 1)[-1]:
-        warnings.append(
-            "store.redis_url: the URL carries a password; give it through a file or the environment instead"
-        )
-    return warnings
+    return warnings  # a Redis password in the file is refused outright (store.redis)
 
 
 def file_problems(config: Config) -> list[str]:
