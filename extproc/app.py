@@ -22,6 +22,7 @@ from .stages.identity import Identity
 from .stages.prompt_limit import PromptLimit
 from .stages.ratelimit import RateLimit
 from .stages.route import Route
+from .stages.sanitize import Sanitize
 from .stages.token_budget import TokenBudget
 from .stages.validate import Validate
 
@@ -32,6 +33,7 @@ log = logging.getLogger("llm_gate")
 STAGES: list[type[Stage]] = [
     Identity,
     Validate,
+    Sanitize,  # hidden characters out before the key, the count and the model see the text
     RateLimit,  # cheap: before anything costly
     Route,
     PromptLimit,

@@ -359,6 +359,24 @@ class Cache(Strict):
     semantic: CacheSemantic = CacheSemantic()
 
 
+class Sanitize(Strict):
+    """Hidden characters in prompt text (extproc/safety/sanitize.py): strip them (default),
+    reject the request with a 400, or leave the text alone."""
+
+    mode: Literal["strip", "reject", "off"] = "strip"
+
+
+GuardrailKind = Literal["card", "cn_id", "phone", "email", "iban"]
+GUARDRAIL_KINDS: tuple[GuardrailKind, ...] = ("card", "cn_id", "phone", "email", "iban")
+
+
+class Guardrail(Strict):
+    """Redaction of personal data in answers, for the tenants listed (extproc/safety/redact.py)."""
+
+    tenants: list[str] = Field(default_factory=list)
+    kinds: list[GuardrailKind] = Field(default_factory=lambda: list(GUARDRAIL_KINDS))
+
+
 class Config(Strict):
     server: Server = Server()
     store: Store = Store()
@@ -369,6 +387,8 @@ class Config(Strict):
     ratelimit: RateLimit = RateLimit()
     cache: Cache = Cache()
     admission: Admission = Admission()
+    sanitize: Sanitize = Sanitize()
+    guardrail: Guardrail = Guardrail()
 
 
 class ConfigError(Exception):
