@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -61,6 +62,9 @@ class Exchange:
     client_headers: dict[str, str] = field(default_factory=dict)
     upstream_started: float | None = None  # when the request went on to the pool
     capture_body: bool = False
+    # Set by a stage that rewrites the answer: every response body chunk goes through it
+    # (chunk, end of body) and the client gets what it returns instead.
+    body_filter: Callable[[bytes, bool], bytes] | None = None
     decision: str = "forward"
     status: int | None = None
     waited_s: float = 0.0  # in a queue or behind a leader: time that is not the gate's own work

@@ -67,7 +67,7 @@ class AnswerFilter:
     def __init__(self, kind: str, kinds: Collection[str] = ALL_KINDS) -> None:
         self.kind = kind  # "json" or "sse"
         self.kinds = kinds
-        self.counts: Counter[str] = Counter()
+        self.counts: Counter[str] = Counter()  # since its reader last cleared it
         self._buf = bytearray()
         self._streams: dict[int, TextStream] = {}
         self._template: dict[str, Any] | None = None  # the last event, for a closing one
