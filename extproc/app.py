@@ -24,6 +24,7 @@ from .stages.prompt_limit import PromptLimit
 from .stages.ratelimit import RateLimit
 from .stages.route import Route
 from .stages.sanitize import Sanitize
+from .stages.screen import Screen
 from .stages.token_budget import TokenBudget
 from .stages.validate import Validate
 
@@ -37,6 +38,7 @@ STAGES: list[type[Stage]] = [
     Validate,
     Sanitize,  # hidden characters out before the key, the count and the model see the text
     RateLimit,  # cheap: before anything costly
+    Screen,  # before the cache: a hit must not skip it
     Route,
     PromptLimit,
     Breaker,  # may move the request to the pool's fallback

@@ -377,6 +377,29 @@ class Guardrail(Strict):
     kinds: list[GuardrailKind] = Field(default_factory=lambda: list(GUARDRAIL_KINDS))
 
 
+ScreenMode = Literal["off", "monitor", "block"]
+
+
+class Screen(Strict):
+    """The injection / jailbreak screen on the last user message's embedding (docs/safety.md):
+    `monitor` forwards and flags, `block` answers 400 `prompt_injection`."""
+
+    mode: ScreenMode = "off"  # for tenants not listed below
+    tenants: dict[str, ScreenMode] = Field(default_factory=dict)
+    threshold: float | None = Field(default=None, gt=0, lt=1)  # None: the head's trained one
+    head_file: Path | None = None  # None: the shipped head (extproc/data/screen_head.npz)
+    model_dir: Path | None = None  # None: $LLM_GATE_MODEL_DIR or ~/.cache/llm-gate/models
+    embed_timeout_ms: float = Field(default=1000.0, gt=0)
+    memo_size: int = Field(default=10_000, ge=0)  # verdicts kept by text: a repeat is not embedded again
+
+    def mode_for(self, tenant: str) -> ScreenMode:
+        return self.tenants.get(tenant, self.mode)
+
+    @property
+    def enabled(self) -> bool:
+        return self.mode != "off" or any(m != "off" for m in self.tenants.values())
+
+
 class Config(Strict):
     server: Server = Server()
     store: Store = Store()
@@ -389,6 +412,7 @@ class Config(Strict):
     admission: Admission = Admission()
     sanitize: Sanitize = Sanitize()
     guardrail: Guardrail = Guardrail()
+    screen: Screen = Screen()
 
 
 class ConfigError(Exception):

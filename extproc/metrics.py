@@ -377,5 +377,12 @@ class Metrics:
             registry=r,
         )
 
+        self.screen_verdicts = Counter(
+            "gate_screen_verdicts",
+            "Injection screen verdicts by mode (monitor, block) and verdict (pass, flagged, skipped).",
+            ["mode", "verdict"],
+            registry=r,
+        )
+
     def serve(self, port: int, host: str = "127.0.0.1") -> None:
         start_http_server(port, addr=host, registry=self.registry)

@@ -23,6 +23,7 @@ from .ratelimit.store import LimitStore
 from .ratelimit.store import MemoryStore as MemoryLimits
 from .ratelimit.store import RedisStore as RedisLimits
 from .redis_conn import StoreGuard, connect
+from .safety.screener import Screener
 from .scheduler.budget import BudgetStore, MemoryBudgets, RedisBudgets
 from .scheduler.pools import Pools
 from .tasks import Tasks
@@ -47,6 +48,7 @@ class Services:
     breakers: Breakers
     pools: Pools
     tracing: Tracing
+    screener: Screener | None = None  # screen: None when every tenant's mode is off
 
     @classmethod
     def build(cls, config: Config, metrics: Metrics) -> Services:
@@ -85,6 +87,7 @@ class Services:
             breakers=breakers,
             pools=pools,
             tracing=Tracing.create(config.server.tracing),
+            screener=Screener.build(config.screen) if config.screen.enabled else None,
         )
 
     def start(self) -> None:
@@ -100,6 +103,7 @@ class Services:
             ("breakers", self.breakers.close),
             ("pools", self.pools.aclose),
             ("matchers", self.matchers.aclose),
+            ("screener", self.screener.aclose if self.screener is not None else _async(lambda: None)),
             ("store", self.store.aclose),
             ("tracing", _async(self.tracing.aclose)),
             ("tokens", _async(self.tokens.close)),

@@ -1,0 +1,66 @@
+"""Screen: the last user message's embedding through a small head; per tenant `off`,
+`monitor` (forwarded, flagged in `x-gate-screen` and a metric) or `block` (400
+`prompt_injection`, nothing forwarded). The embedder down or slow: skipped and counted."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ..config import Screen as ScreenConfig
+from ..errors import SHOULD_RETRY, error_reply
+from ..exchange import Exchange, Reply
+from ..metrics import Metrics
+from ..request import last_user_text
+from ..safety.screener import Screener
+from .base import Stage
+
+if TYPE_CHECKING:
+    from ..config import Config
+    from ..services import Services
+
+SCREEN_HEADER = "x-gate-screen"
+
+
+class Screen(Stage):
+    name = "screen"
+
+    def __init__(self, config: ScreenConfig, screener: Screener | None, metrics: Metrics) -> None:
+        self.config = config
+        self.screener = screener
+        self.metrics = metrics
+
+    @classmethod
+    def build(cls, config: Config, services: Services) -> Screen:
+        return cls(config.screen, services.screener, services.metrics)
+
+    def runs(self, hook: str) -> bool:
+        return self.screener is not None and self.config.enabled
+
+    async def on_request(self, ex: Exchange) -> Reply | None:
+        mode = self.config.mode_for(ex.tenant)
+        if mode == "off" or ex.payload is None or self.screener is None:
+            return None
+        text = last_user_text(ex.payload)
+        if not text.strip():
+            return None
+        try:
+            score, _ = await self.screener.score(text)
+        except Exception:  # the embedder is down, shed or late: the screen is skipped, counted
+            self.metrics.screen_verdicts.labels(mode, "skipped").inc()
+            return None
+        flagged = score > self.screener.threshold
+        self.metrics.screen_verdicts.labels(mode, "flagged" if flagged else "pass").inc()
+        if not flagged:
+            return None
+        ex.client_headers[SCREEN_HEADER] = "flagged"
+        ex.state[self.name] = round(score, 4)
+        if mode == "monitor":
+            return None
+        return error_reply(
+            400,
+            "The request was refused: the gate's screen judged the last message a prompt-injection "
+            f"or jailbreak attempt. If this is a mistake, give the operator request id {ex.request_id}.",
+            code="prompt_injection",
+            headers={SHOULD_RETRY: "false", SCREEN_HEADER: "blocked"},
+            decision="screen_block",
+        )
