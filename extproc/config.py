@@ -8,10 +8,10 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 
 from .scheduler.settings import Admission
 
@@ -359,11 +359,16 @@ class Cache(Strict):
     semantic: CacheSemantic = CacheSemantic()
 
 
+def _yaml_off(value: object) -> object:
+    """YAML reads a bare `off` as false: in a mode, it means "off"."""
+    return "off" if value is False else value
+
+
 class Sanitize(Strict):
     """Hidden characters in prompt text (extproc/safety/sanitize.py): strip them (default),
     reject the request with a 400, or leave the text alone."""
 
-    mode: Literal["strip", "reject", "off"] = "strip"
+    mode: Annotated[Literal["strip", "reject", "off"], BeforeValidator(_yaml_off)] = "strip"
 
 
 GuardrailKind = Literal["card", "cn_id", "phone", "email", "iban"]
@@ -377,7 +382,7 @@ class Guardrail(Strict):
     kinds: list[GuardrailKind] = Field(default_factory=lambda: list(GUARDRAIL_KINDS))
 
 
-ScreenMode = Literal["off", "monitor", "block"]
+ScreenMode = Annotated[Literal["off", "monitor", "block"], BeforeValidator(_yaml_off)]
 
 
 class Screen(Strict):
