@@ -30,7 +30,7 @@ class Head:
 
     def score(self, vector: np.ndarray) -> float:
         if self.w2 is None:
-            z = float(vector @ self.w1) + float(self.b1)
+            z = float(vector @ self.w1) + float(self.b1.reshape(-1)[0])
         else:
             hidden = np.maximum(vector @ self.w1 + self.b1, 0.0)
             z = float(hidden @ self.w2) + self.b2

@@ -52,15 +52,16 @@ class Screen(Stage):
         self.metrics.screen_verdicts.labels(mode, "flagged" if flagged else "pass").inc()
         if not flagged:
             return None
-        ex.client_headers[SCREEN_HEADER] = "flagged"
         ex.state[self.name] = round(score, 4)
         if mode == "monitor":
+            ex.client_headers[SCREEN_HEADER] = "flagged"
             return None
+        ex.client_headers[SCREEN_HEADER] = "blocked"
         return error_reply(
             400,
             "The request was refused: the gate's screen judged the last message a prompt-injection "
             f"or jailbreak attempt. If this is a mistake, give the operator request id {ex.request_id}.",
             code="prompt_injection",
-            headers={SHOULD_RETRY: "false", SCREEN_HEADER: "blocked"},
+            headers={SHOULD_RETRY: "false"},
             decision="screen_block",
         )

@@ -8,7 +8,7 @@ import pytest
 from extproc.config import Screen as ScreenConfig
 from extproc.exchange import Exchange
 from extproc.metrics import Metrics
-from extproc.safety.screen import HEAD_FILE, Head, load_head
+from extproc.safety.screen import Head, load_head
 from extproc.safety.screener import Screener
 from extproc.stages.screen import Screen
 
@@ -48,10 +48,12 @@ def exchange(text: str, tenant: str = "t") -> Exchange:
 
 async def test_block_monitor_and_off(screener: Screener) -> None:
     metrics = Metrics()
-    config = ScreenConfig(tenants={"bank": "block", "shop": "monitor"}, model_dir=HEAD_FILE.parent)
+    config = ScreenConfig(tenants={"bank": "block", "shop": "monitor"})
     stage = Screen(config, screener, metrics)
-    reply = await stage.on_request(exchange(JAILBREAK, "bank"))
+    blocked = exchange(JAILBREAK, "bank")
+    reply = await stage.on_request(blocked)
     assert reply is not None and reply.status == 400 and b'"prompt_injection"' in reply.body
+    assert blocked.client_headers["x-gate-screen"] == "blocked"
     watched = exchange(JAILBREAK, "shop")
     assert await stage.on_request(watched) is None
     assert watched.client_headers["x-gate-screen"] == "flagged"
@@ -59,7 +61,8 @@ async def test_block_monitor_and_off(screener: Screener) -> None:
     assert await stage.on_request(other) is None and "x-gate-screen" not in other.client_headers
     fine = exchange("How do I reset my password?", "bank")
     assert await stage.on_request(fine) is None and "x-gate-screen" not in fine.client_headers
-    assert metrics.registry.get_sample_value("gate_screen_verdicts_total", {"mode": "block", "verdict": "flagged"}) == 1
+    flagged = {"mode": "block", "verdict": "flagged"}
+    assert metrics.registry.get_sample_value("gate_screen_verdicts_total", flagged) == 1
 
 
 async def test_a_repeat_is_not_embedded_again(screener: Screener) -> None:
