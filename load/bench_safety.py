@@ -29,8 +29,11 @@ def timed(call: Callable[[], object], runs: int = 2000) -> float:
 
 
 def stream_events(words: list[str]) -> list[bytes]:
-    return [b"data: " + orjson.dumps({"id": "c", "choices": [{"index": 0, "delta": {"content": w},
-                                                             "finish_reason": None}]}) + b"\n\n" for w in words]
+    def event(word: str) -> bytes:
+        choice = {"index": 0, "delta": {"content": word}, "finish_reason": None}
+        return b"data: " + orjson.dumps({"id": "c", "choices": [choice]}) + b"\n\n"
+
+    return [event(w) for w in words]
 
 
 def main() -> None:
