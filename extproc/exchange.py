@@ -12,6 +12,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 GATE_HEADER_PREFIX = "x-gate-"
+# Exchange.state key: (embedder, text, vector) of a prompt text a stage already embedded, so a
+# later stage with the same embedder and text pays no second embedding.
+EMBEDDED = "embedded"
 
 
 def new_id() -> str:

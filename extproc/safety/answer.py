@@ -11,7 +11,7 @@ before `[DONE]`, or at the end of the body.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Collection
+from collections.abc import Collection
 from typing import Any
 
 import orjson
@@ -53,7 +53,7 @@ def _text_slot(choice: dict[str, Any]) -> tuple[dict[str, Any], str] | None:
     """Where a streamed choice carries its text: chat's delta.content, completions' text."""
     delta = choice.get("delta")
     if isinstance(delta, dict):
-        if isinstance(delta.get("content"), str) or "content" in delta or not delta:
+        if "content" in delta or not delta:  # not a role-only or tool-call delta
             return delta, "content"
         return None
     if "text" in choice:
@@ -184,6 +184,3 @@ class AnswerFilter:
         doc.pop("usage", None)
         return b"data: " + orjson.dumps(doc) + b"\n\n"
 
-
-def body_filter(kind: str, kinds: Collection[str]) -> Callable[[bytes, bool], bytes]:
-    return AnswerFilter(kind, kinds).feed

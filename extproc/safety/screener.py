@@ -9,11 +9,19 @@ from __future__ import annotations
 import asyncio
 import hashlib
 from collections import OrderedDict
-from pathlib import Path
+from typing import Protocol
+
+import numpy as np
 
 from ..config import Screen as ScreenConfig
 from ..embed import BatchingEmbedder, load_embedder
 from .screen import EMBEDDER, HEAD_FILE, MAX_TOKENS, Head, load_head
+
+
+class Embedder(Protocol):
+    name: str
+
+    async def embed(self, text: str) -> np.ndarray: ...
 
 
 class Screener:
@@ -33,25 +41,25 @@ class Screener:
         embedder = BatchingEmbedder(inner, workers=workers, timeout_s=config.embed_timeout_ms / 1000)
         return cls(config, embedder, load_head(config.head_file or HEAD_FILE))
 
-    async def score(self, text: str) -> tuple[float, bool]:
-        """(the text's score, whether it was known already)."""
+    async def score(self, text: str, shared: Embedder | None = None) -> tuple[float, np.ndarray | None]:
+        """(the text's score, its vector when it was embedded now: None for a known text).
+
+        `shared`: another service's embedder of the same model (the semantic cache's), whose
+        vector that service can then reuse instead of embedding the text again."""
         key = hashlib.blake2b(text.encode(), digest_size=16).digest()
         known = self._memo.get(key)
         if known is not None:
             self._memo.move_to_end(key)
-            return known, True
+            return known, None
         async with asyncio.timeout(self.timeout_s):
-            vector = await self.embedder.embed(text)
+            vector = await (shared or self.embedder).embed(text)
         value = self.head.score(vector)
         if self.memo_size:
             self._memo[key] = value
             if len(self._memo) > self.memo_size:
                 self._memo.popitem(last=False)
-        return value, False
+        return value, vector
 
     async def aclose(self) -> None:
         await self.embedder.aclose()
 
-
-def head_path(config: ScreenConfig) -> Path:
-    return config.head_file or HEAD_FILE

@@ -9,13 +9,16 @@ from typing import TYPE_CHECKING
 
 from ..config import Screen as ScreenConfig
 from ..errors import SHOULD_RETRY, error_reply
-from ..exchange import Exchange, Reply
+from ..exchange import EMBEDDED, Exchange, Reply
 from ..metrics import Metrics
 from ..request import user_texts
+from ..safety.screen import EMBEDDER
 from ..safety.screener import Screener
 from .base import Stage
 
 if TYPE_CHECKING:
+    from ..cache.semantic import AsyncEmbedder
+    from ..cache.setup import Matchers
     from ..config import Config
     from ..services import Services
 
@@ -25,14 +28,22 @@ SCREEN_HEADER = "x-gate-screen"
 class Screen(Stage):
     name = "screen"
 
-    def __init__(self, config: ScreenConfig, screener: Screener | None, metrics: Metrics) -> None:
+    def __init__(
+        self, config: ScreenConfig, screener: Screener | None, metrics: Metrics,
+        matchers: Matchers | None = None,
+    ) -> None:
         self.config = config
         self.screener = screener
         self.metrics = metrics
+        self.matchers = matchers  # the semantic cache's: its embedder serves both when it is the same model
 
     @classmethod
     def build(cls, config: Config, services: Services) -> Screen:
-        return cls(config.screen, services.screener, services.metrics)
+        return cls(config.screen, services.screener, services.metrics, services.matchers)
+
+    def _shared(self, ex: Exchange) -> AsyncEmbedder | None:
+        m = self.matchers.for_request(ex.tenant, ex.route_path) if self.matchers is not None else None
+        return m.embedder if m is not None and m.embedder.name == EMBEDDER else None
 
     def runs(self, hook: str) -> bool:
         return self.screener is not None and self.config.enabled
@@ -42,14 +53,17 @@ class Screen(Stage):
         if mode == "off" or ex.payload is None or self.screener is None:
             return None
         score = 0.0
-        for text in user_texts(ex.payload)[: self.config.max_messages]:
+        shared = self._shared(ex)
+        for i, text in enumerate(user_texts(ex.payload)[: self.config.max_messages]):
             if not text.strip():
                 continue
             try:
-                score, _ = await self.screener.score(text)
+                score, vector = await self.screener.score(text, shared)
             except Exception:  # the embedder is down, shed or late: skipped, counted
                 self.metrics.screen_verdicts.labels(mode, "skipped").inc()
                 return None
+            if i == 0 and vector is not None and shared is not None:
+                ex.state[EMBEDDED] = (shared, text, vector)  # the cache's semantic lookup reuses it
             if score > self.screener.threshold:
                 break
         flagged = score > self.screener.threshold

@@ -1,12 +1,13 @@
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
 from extproc.config import Screen as ScreenConfig
-from extproc.exchange import Exchange
+from extproc.exchange import EMBEDDED, Exchange
 from extproc.metrics import Metrics
 from extproc.safety.screen import Head, load_head
 from extproc.safety.screener import Screener
@@ -68,7 +69,20 @@ async def test_block_monitor_and_off(screener: Screener) -> None:
 async def test_a_repeat_is_not_embedded_again(screener: Screener) -> None:
     first = await screener.score("Is my card blocked? 我的卡被冻结了吗")
     again = await screener.score("Is my card blocked? 我的卡被冻结了吗")
-    assert first[1] is False and again == (first[0], True)
+    assert first[1] is not None and again == (first[0], None)
+
+
+async def test_the_vector_is_handed_to_a_cache_embedding_with_the_same_model(screener: Screener) -> None:
+    class SameModel:  # the cache's matchers, whose embedder is the same e5-small model
+        def for_request(self, tenant: str, path: str) -> SimpleNamespace:
+            return SimpleNamespace(embedder=screener.embedder)
+
+    stage = Screen(ScreenConfig(mode="monitor"), screener, Metrics(), SameModel())  # type: ignore[arg-type]
+    ex = exchange("When will my refund arrive? (handed over)")
+    await stage.on_request(ex)
+    shared, text, vector = ex.state[EMBEDDED]
+    assert shared is screener.embedder and text == "When will my refund arrive? (handed over)"
+    assert vector.shape == (384,)
 
 
 async def test_an_injection_in_an_earlier_turn_is_caught(screener: Screener) -> None:
