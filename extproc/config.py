@@ -27,6 +27,9 @@ class Caller(Strict):
     tenant: str
     tier: Tier = "standard"
     user: str | None = None
+    # Stricter checks for this key (e.g. a caller with a complaint history): the injection
+    # screen uses `screen.elevated_threshold`. Only ever from the key's config, never a header.
+    risk: Literal["normal", "elevated"] = "normal"
 
 
 class Identity(Strict):
@@ -392,6 +395,8 @@ class Screen(Strict):
     mode: ScreenMode = "off"  # for tenants not listed below
     tenants: dict[str, ScreenMode] = Field(default_factory=dict)
     threshold: float | None = Field(default=None, gt=0, lt=1)  # None: the head's trained one
+    tier_thresholds: dict[Tier, float] = Field(default_factory=dict)  # per tier, in place of `threshold`
+    elevated_threshold: float | None = Field(default=None, gt=0, lt=1)  # keys with `risk: elevated`
     head_file: Path | None = None  # None: the shipped head (extproc/data/screen_head.npz)
     model_dir: Path | None = None  # None: $LLM_GATE_MODEL_DIR or ~/.cache/llm-gate/models
     embed_timeout_ms: float = Field(default=1000.0, gt=0)

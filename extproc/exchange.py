@@ -55,6 +55,7 @@ class Exchange:
     tenant: str = "anonymous"
     tier: str = "standard"  # the tenant's tier, from the API key map
     priority: str = "standard"  # the class this request asked for, never above `tier`
+    risk: str = "normal"  # the key's risk level (identity config): "elevated" gets stricter checks
     user: str | None = None
     key_id: str | None = None
     pool: str | None = None

@@ -48,10 +48,20 @@ class Screen(Stage):
     def runs(self, hook: str) -> bool:
         return self.screener is not None and self.config.enabled
 
+    def threshold(self, ex: Exchange) -> float:
+        """Stricter for an elevated-risk key, then the tier's, then the configured or trained one."""
+        assert self.screener is not None
+        c = self.config
+        if ex.risk == "elevated" and c.elevated_threshold is not None:
+            return c.elevated_threshold
+        tier = next((v for t, v in c.tier_thresholds.items() if t == ex.tier), None)
+        return tier if tier is not None else self.screener.threshold
+
     async def on_request(self, ex: Exchange) -> Reply | None:
         mode = self.config.mode_for(ex.tenant)
         if mode == "off" or ex.payload is None or self.screener is None:
             return None
+        threshold = self.threshold(ex)
         score = 0.0
         shared = self._shared(ex)
         for i, text in enumerate(user_texts(ex.payload)[: self.config.max_messages]):
@@ -64,9 +74,9 @@ class Screen(Stage):
                 return None
             if i == 0 and vector is not None and shared is not None:
                 ex.state[EMBEDDED] = (shared, text, vector)  # the cache's semantic lookup reuses it
-            if score > self.screener.threshold:
+            if score > threshold:
                 break
-        flagged = score > self.screener.threshold
+        flagged = score > threshold
         self.metrics.screen_verdicts.labels(mode, "flagged" if flagged else "pass").inc()
         if not flagged:
             return None
