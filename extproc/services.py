@@ -11,6 +11,8 @@ import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+import redis.asyncio as aioredis
+
 from .breaker.adaptive import AdaptiveLimit
 from .breaker.monitor import Breakers
 from .cache.lease import Leases
@@ -46,6 +48,7 @@ class Services:
     matchers: Matchers
     selfcheck: SelfCheck | None  # cache.semantic.self_check; None when off
     breakers: Breakers
+    breaker_client: aioredis.Redis | None  # the breaker's own client, closed with the rest
     pools: Pools
     tracing: Tracing
     screener: Screener | None = None  # screen: None when every tenant's mode is off
@@ -60,8 +63,9 @@ class Services:
         answers = answer_store(redis, config.store.redis_url if c.enabled else None)
         # The breaker's sync loop is off the request path: its own client, a looser time box.
         breaker_store = config.store.model_copy(update={"op_timeout_ms": config.breaker.sync_timeout_ms})
-        breakers = Breakers(config.breaker, config.routing.pools, metrics, connect(breaker_store))
-        pools = Pools(config.admission, metrics, config.server.workers)
+        breaker_client = connect(breaker_store)
+        breakers = Breakers(config.breaker, config.routing.pools, metrics, breaker_client, tasks=tasks)
+        pools = Pools(config.admission, metrics, config.server.workers, names=list(config.routing.pools))
         # The seed's adaptive limit: a pool slowing down under load gets fewer slots.
         breakers.subscribe(AdaptiveLimit(config.breaker, pools.set_capacity_factor))
         prefix = config.ratelimit.key_prefix
@@ -85,22 +89,26 @@ class Services:
             ),
             selfcheck=selfcheck,
             breakers=breakers,
+            breaker_client=breaker_client,
             pools=pools,
             tracing=Tracing.create(config.server.tracing),
             screener=Screener.build(config.screen) if config.screen.enabled else None,
         )
 
-    def start(self) -> None:
-        """Start the background loops in the running event loop."""
+    async def start(self) -> None:
+        """Start every background loop in the running event loop, before any request: no
+        service is started from a request's path."""
         if self.breakers.config.enabled:
             self.breakers.start()
         self.leases.start()
+        await self.pools.start()
 
     async def aclose(self) -> None:
         """Stop every background task and close every client, whatever fails on the way."""
         for name, close in (
             ("tasks", self.tasks.aclose),
             ("breakers", self.breakers.close),
+            ("breaker client", self._close_breaker_client),
             ("pools", self.pools.aclose),
             ("matchers", self.matchers.aclose),
             ("screener", self.screener.aclose if self.screener is not None else _async(lambda: None)),
@@ -112,6 +120,11 @@ class Services:
                 await close()
             except Exception:
                 log.exception("closing %s failed", name)
+
+
+    async def _close_breaker_client(self) -> None:
+        if self.breaker_client is not None:
+            await self.breaker_client.aclose()
 
 
 def _async(close: Callable[[], None]) -> Callable[[], Awaitable[None]]:

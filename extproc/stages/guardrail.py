@@ -26,6 +26,8 @@ REPLAYS = frozenset({"cache_hit", "coalesced"})  # answers the gate gives itself
 
 class Guardrail(Stage):
     name = NAME
+    fail_closed = False  # it acts on answers: nothing to refuse; a broken filter is counted
+    store_down = "not used"
 
     def __init__(self, config: GuardrailConfig, metrics: Metrics) -> None:
         self.tenants = frozenset(config.tenants)

@@ -17,7 +17,7 @@ from ..exchange import Exchange, Reply
 from ..metrics import Metrics
 from ..request import text_slots
 from ..safety.sanitize import has_candidates, sanitize
-from .base import Stage
+from .base import Stage, payload_of
 
 if TYPE_CHECKING:
     from ..config import Config
@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 class Sanitize(Stage):
     name = "sanitize"
     fail_closed = True  # a prompt that could not be checked must not reach the model unchecked
+    store_down = "not used"
 
     def __init__(self, mode: str, metrics: Metrics) -> None:
         self.mode = mode
@@ -40,11 +41,10 @@ class Sanitize(Stage):
         return self.mode != "off"
 
     async def on_request(self, ex: Exchange) -> Reply | None:
-        if ex.payload is None:
-            return None
+        payload = payload_of(ex)
         found: Counter[str] = Counter()
         first: str | None = None
-        for container, key, path in text_slots(ex.payload):
+        for container, key, path in text_slots(payload):
             text = container[key]
             if not has_candidates(text):
                 continue
@@ -70,5 +70,5 @@ class Sanitize(Stage):
                 code="hidden_characters",
             )
         self.metrics.sanitized_requests.labels("stripped").inc()
-        ex.upstream_body = orjson.dumps(ex.payload)
+        ex.upstream_body = orjson.dumps(payload)
         return None

@@ -14,7 +14,7 @@ from ..metrics import Metrics
 from ..request import user_texts
 from ..safety.screen import EMBEDDER
 from ..safety.screener import Screener
-from .base import Stage
+from .base import Stage, payload_of
 
 if TYPE_CHECKING:
     from ..cache.semantic import AsyncEmbedder
@@ -27,6 +27,8 @@ SCREEN_HEADER = "x-gate-screen"
 
 class Screen(Stage):
     name = "screen"
+    fail_closed = False  # a screen that breaks is skipped and counted; the embedder's outages too
+    store_down = "not used"  # its verdicts are kept in the process
 
     def __init__(
         self, config: ScreenConfig, screener: Screener | None, metrics: Metrics,
@@ -59,12 +61,13 @@ class Screen(Stage):
 
     async def on_request(self, ex: Exchange) -> Reply | None:
         mode = self.config.mode_for(ex.tenant)
-        if mode == "off" or ex.payload is None or self.screener is None:
+        payload = payload_of(ex)
+        if mode == "off" or self.screener is None:
             return None
         threshold = self.threshold(ex)
         score = 0.0
         shared = self._shared(ex)
-        for i, text in enumerate(user_texts(ex.payload)[: self.config.max_messages]):
+        for i, text in enumerate(user_texts(payload)[: self.config.max_messages]):
             if not text.strip():
                 continue
             try:
