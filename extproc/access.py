@@ -32,6 +32,7 @@ def access_record(ex: Exchange, busy_s: float, now: float | None = None) -> dict
         "version": ex.version,
         "cluster": ex.client_headers.get("x-gate-cluster"),
         "cache": ex.client_headers.get("x-gate-cache"),
+        "screen": ex.client_headers.get("x-gate-screen"),  # flagged | blocked, when the screen judged so
         "decision": ex.decision,
         "status": ex.status,
         "queue_ms": round(ex.waited_s * 1000, 1),

@@ -22,10 +22,13 @@ from .stages.admission import Admission
 from .stages.base import Stage
 from .stages.breaker import Breaker
 from .stages.cache import Cache
+from .stages.guardrail import Guardrail
 from .stages.identity import Identity
 from .stages.prompt_limit import PromptLimit
 from .stages.ratelimit import RateLimit
 from .stages.route import Route
+from .stages.sanitize import Sanitize
+from .stages.screen import Screen
 from .stages.token_budget import TokenBudget
 from .stages.validate import Validate
 from .tasks import Tasks
@@ -38,8 +41,11 @@ log = logging.getLogger("llm_gate")
 # The request path, in order. Adding a stage is one line here.
 STAGES: list[type[Stage]] = [
     Identity,
+    Guardrail,  # on answers: its filter sees them before the cache stores them
     Validate,
+    Sanitize,  # hidden characters out before the key, the count and the model see the text
     RateLimit,  # cheap: before anything costly
+    Screen,  # before the cache: a hit must not skip it
     Route,
     PromptLimit,
     Breaker,  # may move the request to the pool's fallback

@@ -8,10 +8,10 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 
 from .redis_config import RedisTopology, check_url
 from .scheduler.settings import Admission
@@ -31,6 +31,9 @@ class Caller(Strict):
     user: str | None = None
     # `x-canary: true` from this key sends its requests to the model's canary version.
     canary: bool = False
+    # Stricter checks for this key (e.g. a caller with a complaint history): the injection
+    # screen uses `screen.elevated_threshold`. Only ever from the key's config, never a header.
+    risk: Literal["normal", "elevated"] = "normal"
 
 
 class Identity(Strict):
@@ -431,6 +434,55 @@ class Cache(Strict):
     semantic: CacheSemantic = CacheSemantic()
 
 
+def _yaml_off(value: object) -> object:
+    """YAML reads a bare `off` as false: in a mode, it means "off"."""
+    return "off" if value is False else value
+
+
+class Sanitize(Strict):
+    """Hidden characters in prompt text (extproc/safety/sanitize.py): strip them (default),
+    reject the request with a 400, or leave the text alone."""
+
+    mode: Annotated[Literal["strip", "reject", "off"], BeforeValidator(_yaml_off)] = "strip"
+
+
+GuardrailKind = Literal["card", "cn_id", "phone", "email", "iban"]
+GUARDRAIL_KINDS: tuple[GuardrailKind, ...] = ("card", "cn_id", "phone", "email", "iban")
+
+
+class Guardrail(Strict):
+    """Redaction of personal data in answers, for the tenants listed (extproc/safety/redact.py)."""
+
+    tenants: list[str] = Field(default_factory=list)
+    kinds: list[GuardrailKind] = Field(default_factory=lambda: list(GUARDRAIL_KINDS))
+
+
+ScreenMode = Annotated[Literal["off", "monitor", "block"], BeforeValidator(_yaml_off)]
+
+
+class Screen(Strict):
+    """The injection / jailbreak screen on the last user message's embedding (docs/safety.md):
+    `monitor` forwards and flags, `block` answers 400 `prompt_injection`."""
+
+    mode: ScreenMode = "off"  # for tenants not listed below
+    tenants: dict[str, ScreenMode] = Field(default_factory=dict)
+    threshold: float | None = Field(default=None, gt=0, lt=1)  # None: the head's trained one
+    tier_thresholds: dict[Tier, float] = Field(default_factory=dict)  # per tier, in place of `threshold`
+    elevated_threshold: float | None = Field(default=None, gt=0, lt=1)  # keys with `risk: elevated`
+    head_file: Path | None = None  # None: the shipped head (extproc/data/screen_head.npz)
+    model_dir: Path | None = None  # None: $LLM_GATE_MODEL_DIR or ~/.cache/llm-gate/models
+    embed_timeout_ms: float = Field(default=1000.0, gt=0)
+    memo_size: int = Field(default=10_000, ge=0)  # verdicts kept by text: a repeat is not embedded again
+    max_messages: int = Field(default=8, ge=1)  # user messages screened per request, newest first
+
+    def mode_for(self, tenant: str) -> ScreenMode:
+        return self.tenants.get(tenant, self.mode)
+
+    @property
+    def enabled(self) -> bool:
+        return self.mode != "off" or any(m != "off" for m in self.tenants.values())
+
+
 class Config(Strict):
     server: Server = Server()
     store: Store = Store()
@@ -442,6 +494,9 @@ class Config(Strict):
     cache: Cache = Cache()
     admission: Admission = Admission()
     sources: Sources = Sources()
+    sanitize: Sanitize = Sanitize()
+    guardrail: Guardrail = Guardrail()
+    screen: Screen = Screen()
 
 
 class ConfigError(Exception):

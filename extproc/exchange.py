@@ -7,10 +7,14 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 GATE_HEADER_PREFIX = "x-gate-"
+# Exchange.state key: (embedder, text, vector) of a prompt text a stage already embedded, so a
+# later stage with the same embedder and text pays no second embedding.
+EMBEDDED = "embedded"
 
 
 def new_id() -> str:
@@ -51,6 +55,7 @@ class Exchange:
     tenant: str = "anonymous"
     tier: str = "standard"  # the tenant's tier, from the API key map
     priority: str = "standard"  # the class this request asked for, never above `tier`
+    risk: str = "normal"  # the key's risk level (identity config): "elevated" gets stricter checks
     user: str | None = None
     key_id: str | None = None
     pool: str | None = None
@@ -66,6 +71,9 @@ class Exchange:
     client_headers: dict[str, str] = field(default_factory=dict)
     upstream_started: float | None = None  # when the request went on to the pool
     capture_body: bool = False
+    # Set by a stage that rewrites the answer: every response body chunk goes through it
+    # (chunk, end of body) and the client gets what it returns instead.
+    body_filter: Callable[[bytes, bool], bytes] | None = None
     decision: str = "forward"
     status: int | None = None
     waited_s: float = 0.0  # in a queue or behind a leader: time that is not the gate's own work

@@ -387,5 +387,37 @@ class Metrics:
             ["source", "result"], registry=r,
         )
 
+        self.sanitized_chars = Counter(
+            "gate_sanitized_chars",
+            "Hidden characters found in prompt text, by kind (removed, or the request refused).",
+            ["kind"],
+            registry=r,
+        )
+        self.sanitized_requests = Counter(
+            "gate_sanitized_requests",
+            "Requests whose prompt held hidden characters: stripped, or rejected.",
+            ["action"],
+            registry=r,
+        )
+        self.guardrail_redactions = Counter(
+            "gate_guardrail_redactions",
+            "Personal data redacted from answers, by kind.",
+            ["kind"],
+            registry=r,
+        )
+        self.guardrail_answers = Counter(
+            "gate_guardrail_answers",
+            "Answers the output guardrail screened: by how they came (upstream, replay) and outcome.",
+            ["source", "outcome"],
+            registry=r,
+        )
+
+        self.screen_verdicts = Counter(
+            "gate_screen_verdicts",
+            "Injection screen verdicts by mode (monitor, block) and verdict (pass, flagged, skipped).",
+            ["mode", "verdict"],
+            registry=r,
+        )
+
     def serve(self, port: int, host: str = "127.0.0.1") -> None:
         start_http_server(port, addr=host, registry=self.registry)

@@ -44,6 +44,32 @@ def prompt_texts(payload: dict[str, Any]) -> list[str]:
     return []
 
 
+def text_slots(payload: dict[str, Any]) -> list[tuple[Any, Any, str]]:
+    """Where the prompt's text lives, for a stage that rewrites it: (container, key, path),
+    with `container[key]` a string. Every message's string content and text parts, and the
+    completions prompt (a string or a list of strings)."""
+    slots: list[tuple[Any, Any, str]] = []
+    messages = payload.get("messages")
+    if isinstance(messages, list):
+        for i, m in enumerate(messages):
+            content = m.get("content") if isinstance(m, dict) else None
+            if isinstance(content, str):
+                slots.append((m, "content", f"messages[{i}].content"))
+            elif isinstance(content, list):
+                for j, part in enumerate(content):
+                    if isinstance(part, dict) and part.get("type") == "text" and isinstance(
+                        part.get("text"), str
+                    ):
+                        slots.append((part, "text", f"messages[{i}].content[{j}].text"))
+        return slots
+    prompt = payload.get("prompt")
+    if isinstance(prompt, str):
+        slots.append((payload, "prompt", "prompt"))
+    elif isinstance(prompt, list):
+        slots.extend((prompt, j, f"prompt[{j}]") for j, p in enumerate(prompt) if isinstance(p, str))
+    return slots
+
+
 def token_array_count(payload: dict[str, Any]) -> int:
     """Tokens sent as token ids (legacy completions' `prompt: [[1, 2], ...]` or `[1, 2]`)."""
     prompt = payload.get("prompt")
@@ -64,6 +90,16 @@ def last_user_text(payload: dict[str, Any]) -> str:
     if isinstance(prompt, str):
         return prompt
     return " ".join(p for p in prompt if isinstance(p, str)) if isinstance(prompt, list) else ""
+
+
+def user_texts(payload: dict[str, Any]) -> list[str]:
+    """Every user message's text, newest first; the prompt for completions."""
+    messages = payload.get("messages")
+    if isinstance(messages, list):
+        return [_any_text(m.get("content")) for m in reversed(messages)
+                if isinstance(m, dict) and m.get("role") == "user"]
+    text = last_user_text(payload)
+    return [text] if text else []
 
 
 def split_last(payload: dict[str, Any]) -> tuple[Any, str | None]:

@@ -111,9 +111,7 @@ class Session:
         if phase == "response_headers":
             return await self._response_headers(request.response_headers)
         if phase == "response_body":
-            body = request.response_body
-            await self.pipeline.on_response_body(self._exchange(), body.body, body.end_of_stream)
-            return continue_response(phase, Continue())
+            return await self._response_body(request.response_body)
         if phase is not None:
             return continue_response(phase, Continue())
         return None
@@ -170,8 +168,22 @@ class Session:
         self.answered = True
         out = dict(ex.client_headers)
         out[REQUEST_ID_HEADER] = out[CLIENT_REQUEST_ID] = ex.request_id
-        cont = Continue(set_headers=out, capture_body=ex.capture_body, whole_body=whole_body(headers))
+        if ex.body_filter is not None:  # the body changes as it streams: its length is unknown
+            cont = Continue(set_headers=out, remove_headers=["content-length"], capture_body=True)
+        else:
+            cont = Continue(set_headers=out, capture_body=ex.capture_body, whole_body=whole_body(headers))
         return continue_response("response_headers", cont)
+
+    async def _response_body(self, message: pb.HttpBody) -> pb.ProcessingResponse:
+        ex = self._exchange()
+        chunk, end = message.body, message.end_of_stream
+        if ex.body_filter is None:
+            await self.pipeline.on_response_body(ex, chunk, end)
+            return continue_response("response_body", Continue())
+        # The stages (the cache's capture) see what the client gets.
+        out = ex.body_filter(chunk, end)
+        await self.pipeline.on_response_body(ex, out, end)
+        return continue_response("response_body", Continue(chunk=None if out == chunk else out))
 
     async def _answer(self, reply: Reply) -> pb.ProcessingResponse:
         ex = self._exchange()
@@ -180,7 +192,8 @@ class Session:
                    CLIENT_REQUEST_ID: ex.request_id}
         await self.pipeline.on_response(ex, reply.status, headers)
         self.answered = True
-        return immediate_response(Reply(reply.status, reply.body, headers, reply.decision))
+        body = reply.body if ex.body_filter is None else ex.body_filter(reply.body, True)
+        return immediate_response(Reply(reply.status, body, headers, reply.decision))
 
     def _not_found(self, ex: Exchange) -> pb.ProcessingResponse:
         """A path the gate neither handles nor lets through: nothing of it reaches a model."""

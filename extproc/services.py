@@ -25,6 +25,7 @@ from .ratelimit.store import MemoryStore as MemoryLimits
 from .ratelimit.store import RedisStore as RedisLimits
 from .redis_client import Client
 from .redis_conn import StoreGuard, connect
+from .safety.screener import Screener
 from .scheduler.budget import BudgetStore, MemoryBudgets, RedisBudgets
 from .scheduler.pools import Pools
 from .tasks import Tasks
@@ -55,6 +56,7 @@ class Services:
     tracing: Tracing
     traffic: Traffic  # the process's traffic overrides: outlives this config
     versions: VersionMonitor
+    screener: Screener | None = None  # screen: None when every tenant's mode is off
 
     @classmethod
     def build(cls, config: Config, metrics: Metrics, traffic: Traffic | None = None) -> Services:
@@ -108,6 +110,7 @@ class Services:
             tracing=Tracing.create(config.server.tracing),
             traffic=traffic,
             versions=versions,
+            screener=Screener.build(config.screen) if config.screen.enabled else None,
         )
 
     async def start(self) -> None:
@@ -128,6 +131,7 @@ class Services:
             ("versions", self.versions.close),
             ("pools", self.pools.aclose),
             ("matchers", self.matchers.aclose),
+            ("screener", self.screener.aclose if self.screener is not None else _async(lambda: None)),
             ("store", self.store.aclose),
             ("tracing", _async(self.tracing.aclose)),
             ("tokens", _async(self.tokens.close)),

@@ -45,6 +45,8 @@ class Continue:
     passthrough: bool = False
     capture_body: bool = False
     whole_body: bool = False  # with capture_body: one message with the whole body
+    # A response body chunk sent on in place of the one received (the body streams: no length).
+    chunk: bytes | None = None
 
 
 def header_map(message: pb.HttpHeaders) -> dict[str, str]:
@@ -81,7 +83,7 @@ _shared: dict[tuple[object, ...], pb.ProcessingResponse] = {}
 
 def continue_response(phase: str, cont: Continue) -> pb.ProcessingResponse:
     """`phase` is the ProcessingRequest field being answered, e.g. "request_body"."""
-    if phase not in _SHARED_PHASES or cont.body is not None:
+    if phase not in _SHARED_PHASES or cont.body is not None or cont.chunk is not None:
         return _continue_response(phase, cont)
     key = (phase, tuple(cont.set_headers.items()), tuple(cont.remove_headers), cont.clear_route,
            cont.passthrough, cont.capture_body, cont.whole_body)
@@ -99,6 +101,11 @@ def _continue_response(phase: str, cont: Continue) -> pb.ProcessingResponse:
     if cont.body is not None:
         common.body_mutation.body = cont.body
         headers["content-length"] = str(len(cont.body))
+    elif cont.chunk is not None:
+        if cont.chunk:
+            common.body_mutation.body = cont.chunk
+        else:
+            common.body_mutation.clear_body = True
     if headers or cont.remove_headers:
         common.header_mutation.CopyFrom(_mutation(headers, cont.remove_headers))
     if phase in ("request_headers", "response_headers"):

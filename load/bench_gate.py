@@ -96,6 +96,7 @@ BIG_OK = {
     "validation": {"max_prompt_tokens": BIG_PROMPT_TOKENS},
 }
 EMBEDDERS = ("minilm", "e5-small")
+SCREEN_MONITOR = {"screen": {"mode": "monitor"}}  # every request's user message through the screen
 SKIP_REASONS = ("embed_shed", "embed_error")
 
 
@@ -131,6 +132,14 @@ VARIANTS = [
     Variant("gate: identity, validation, routing", config=ONLY_VALIDATE_AND_ROUTE),
     Variant("gate: every stage, cache misses, semantic off", config=SEMANTIC_OFF),
     Variant("gate: every stage, cache hits", config={}, unique=False),
+    # The injection screen in monitor mode beside the same two runs without it.
+    Variant("gate: every stage, cache misses, semantic off, screen monitor",
+            config={**SEMANTIC_OFF, **SCREEN_MONITOR}, group="screen"),
+    Variant("gate: every stage, cache hits, screen monitor", config=SCREEN_MONITOR, unique=False,
+            group="screen"),
+    # With the semantic cache on the screen's model, the two share one embedding per miss.
+    Variant("gate: every stage, misses, semantic e5-small + screen monitor",
+            config={**semantic("e5-small"), **SCREEN_MONITOR}, embedder="e5-small", group="screen"),
     Variant("gate: validation + routing, 2 workers", workers=2, config=ONLY_VALIDATE_AND_ROUTE),
     *(
         Variant(f"gate: every stage, misses, semantic {e}", config=semantic(e), embedder=e, group="semantic")

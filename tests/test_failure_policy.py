@@ -30,6 +30,8 @@ TB_DOWN = "token_budget_unavailable"
 ACTIVE: dict[str, Any] = {
     "ratelimit": {"tiers": {"standard": {"tenant": {"rate": 100, "burst": 100}}}},
     "admission": {"token_budget": {"tokens_per_minute": {"*": 1_000_000}}},
+    "guardrail": {"tenants": ["anonymous"]},
+    "screen": {"mode": "monitor"},
 }
 
 

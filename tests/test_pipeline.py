@@ -80,8 +80,9 @@ def test_the_access_line_names_the_request_but_never_its_key_or_prompt(
     e.payload = {"model": "m", "messages": [{"role": "user", "content": "my secret question"}]}
     e.key_id, e.tenant, e.status, e.waited_s = "ab12", "acme", 200, 0.25
     e.client_headers["x-gate-cache"] = "miss"
+    e.client_headers["x-gate-screen"] = "flagged"
     record = access_record(e, busy_s=0.26, now=e.started + 1.0)
-    assert record["request_id"] == "req-42" and record["cache"] == "miss"
+    assert record["request_id"] == "req-42" and record["cache"] == "miss" and record["screen"] == "flagged"
     assert record["queue_ms"] == 250.0 and record["gate_ms"] == pytest.approx(10.0)
     pipeline = Pipeline([], Config(), Metrics())
     with caplog.at_level(logging.INFO, logger="llm_gate.access"):

@@ -155,7 +155,9 @@ async def test_with_every_optional_stage_off_a_pools_5xx_still_says_do_not_retry
     """Stages that cannot act under the config are never called (nor timed), but the breaker's
     advice on a model's 5xx holds with the breaker off."""
     off = {"enabled": False}
-    config = Config.model_validate({"ratelimit": off, "breaker": off, "cache": off, "admission": off})
+    config = Config.model_validate(
+        {"ratelimit": off, "breaker": off, "cache": off, "admission": off, "sanitize": {"mode": "off"}}
+    )
     metrics = Metrics()
     pipeline = build_pipeline(config, metrics)
     await pipeline.start()

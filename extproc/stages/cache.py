@@ -34,7 +34,7 @@ from ..config import Config
 from ..dedup.canonical import canonical
 from ..embed.batching import EmbedShedError
 from ..errors import SHOULD_RETRY, error_reply
-from ..exchange import Exchange, Reply, new_id
+from ..exchange import EMBEDDED, Exchange, Reply, new_id
 from ..metrics import Metrics
 from ..redis_conn import StoreGuard
 from ..request import client_timeout_s, wants_stream, wants_usage
@@ -198,9 +198,13 @@ class Cache(Stage):
         if skip is not None:
             self.metrics.cache_semantic_skips.labels(skip).inc()
             return None
+        handed = ex.state.get(EMBEDDED)  # the screen embedded this very text with this embedder
         try:  # any embedder failure or delay: the exact path only
-            async with asyncio.timeout(self.embed_timeout_s):
-                f.vector = await m.embedder.embed(text)
+            if handed is not None and handed[0] is m.embedder and handed[1] == text:
+                f.vector = handed[2]
+            else:
+                async with asyncio.timeout(self.embed_timeout_s):
+                    f.vector = await m.embedder.embed(text)
         except EmbedShedError:  # could not arrive in time: shed early and counted (gate_embed_shed_total)
             self.metrics.cache_semantic_skips.labels("embed_shed").inc()
             return None

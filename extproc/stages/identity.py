@@ -88,6 +88,7 @@ class Identity(Stage):
         ex.key_id = key_id(key) if key else None
         ex.tenant = caller.tenant
         ex.tier = caller.tier
+        ex.risk = caller.risk
         ex.priority = lower_tier(caller.tier, ex.headers.get("x-priority"))
         ex.may_use_canary = caller.canary
         ex.user = caller.user or ex.headers.get("x-user-id") or ex.key_id

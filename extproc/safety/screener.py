@@ -1,0 +1,68 @@
+"""The screen's service: the embedder, the head, and the verdicts already reached.
+
+Lives as long as the process's config. A text screened once keeps its score in a bounded
+memo keyed by the text's hash, so an exact repeat pays no embedding.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from collections import OrderedDict
+from typing import Protocol
+
+import numpy as np
+
+from ..cache.setup import ensure_model
+from ..config import Screen as ScreenConfig
+from ..embed import BatchingEmbedder, default_model_dir, load_embedder
+from .screen import EMBEDDER, HEAD_FILE, MAX_TOKENS, Head, load_head
+
+
+class Embedder(Protocol):
+    name: str
+
+    async def embed(self, text: str) -> np.ndarray: ...
+
+
+class Screener:
+    def __init__(self, config: ScreenConfig, embedder: BatchingEmbedder, head: Head) -> None:
+        if head.embedder != embedder.name:
+            raise ValueError(f"the screen's head was trained on {head.embedder!r}, not {embedder.name!r}")
+        self.embedder = embedder
+        self.head = head
+        self.threshold = config.threshold if config.threshold is not None else head.threshold
+        self.timeout_s = config.embed_timeout_ms / 1000
+        self.memo_size = config.memo_size
+        self._memo: OrderedDict[bytes, float] = OrderedDict()
+
+    @classmethod
+    def build(cls, config: ScreenConfig, workers: int = 1) -> Screener:
+        model_dir = config.model_dir or default_model_dir()
+        ensure_model(EMBEDDER, model_dir, build_missing=True)
+        inner = load_embedder(EMBEDDER, model_dir, max_tokens=MAX_TOKENS)
+        embedder = BatchingEmbedder(inner, workers=workers, timeout_s=config.embed_timeout_ms / 1000)
+        return cls(config, embedder, load_head(config.head_file or HEAD_FILE))
+
+    async def score(self, text: str, shared: Embedder | None = None) -> tuple[float, np.ndarray | None]:
+        """(the text's score, its vector when it was embedded now: None for a known text).
+
+        `shared`: another service's embedder of the same model (the semantic cache's), whose
+        vector that service can then reuse instead of embedding the text again."""
+        key = hashlib.blake2b(text.encode(), digest_size=16).digest()
+        known = self._memo.get(key)
+        if known is not None:
+            self._memo.move_to_end(key)
+            return known, None
+        async with asyncio.timeout(self.timeout_s):
+            vector = await (shared or self.embedder).embed(text)
+        value = self.head.score(vector)
+        if self.memo_size:
+            self._memo[key] = value
+            if len(self._memo) > self.memo_size:
+                self._memo.popitem(last=False)
+        return value, vector
+
+    async def aclose(self) -> None:
+        await self.embedder.aclose()
+

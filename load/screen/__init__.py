@@ -1,0 +1,1 @@
+"""Training and evaluation of the injection screen's head (data never committed)."""

