@@ -1,7 +1,9 @@
 """Screen: each user message's embedding through a small head, newest first; per tenant
 `off`, `monitor` (forwarded, flagged in `x-gate-screen` and a metric) or `block` (400
 `prompt_injection`, nothing forwarded). Earlier turns were screened when they were new: a
-conversation pays one embedding per turn. The embedder down or slow: skipped and counted."""
+conversation pays one embedding per turn. The embedder down or past its time budget: a
+`monitor` tenant is forwarded unscreened (counted); a `block` tenant gets a retryable 503,
+since a protection that turns itself off under load would be no protection."""
 
 from __future__ import annotations
 
@@ -27,7 +29,7 @@ SCREEN_HEADER = "x-gate-screen"
 
 class Screen(Stage):
     name = "screen"
-    fail_closed = False  # a screen that breaks is skipped and counted; the embedder's outages too
+    fail_closed = False  # a screen that breaks is skipped and counted (block tenants: see above)
     store_down = "not used"  # its verdicts are kept in the process
 
     def __init__(
@@ -72,9 +74,20 @@ class Screen(Stage):
                 continue
             try:
                 score, vector = await self.screener.score(text, shared)
-            except Exception:  # the embedder is down, shed or late: skipped, counted
-                self.metrics.screen_verdicts.labels(mode, "skipped").inc()
-                return None
+            except Exception:  # the embedder is down, shed or late
+                if mode != "block":
+                    self.metrics.screen_verdicts.labels(mode, "skipped").inc()
+                    return None
+                self.metrics.screen_verdicts.labels(mode, "unavailable").inc()
+                return error_reply(
+                    503,
+                    "The gate's prompt screen could not check this request in time, and this tenant "
+                    f"requires it. Retry shortly; request id {ex.request_id}.",
+                    type="service_unavailable",
+                    code="screen_unavailable",
+                    headers={"retry-after": "1"},
+                    decision="screen_unavailable",
+                )
             if i == 0 and vector is not None and shared is not None:
                 ex.state[EMBEDDED] = (shared, text, vector)  # the cache's semantic lookup reuses it
             if score > threshold:

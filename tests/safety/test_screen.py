@@ -111,3 +111,24 @@ async def test_thresholds_per_tier_and_stricter_for_elevated_risk_keys(screener:
     vip.tier = "vip"
     assert stage.threshold(vip) == 0.999
     assert await stage.on_request(vip) is None
+
+
+async def test_an_embedder_that_cannot_answer_in_time_blocks_nothing_silently(screener: Screener) -> None:
+    """A block tenant gets a retryable 503 (the screen never turns itself off under load); a
+    monitor tenant is forwarded unscreened, counted."""
+
+    class Late:
+        name = "late"
+
+        async def embed(self, text: str) -> object:
+            raise TimeoutError("the embedder is behind")
+
+    metrics = Metrics()
+    stage = Screen(ScreenConfig(tenants={"bank": "block", "shop": "monitor"}), screener, metrics)
+    stage._shared = lambda ex: Late()  # type: ignore[method-assign,assignment,return-value]
+    reply = await stage.on_request(exchange("a question never seen before", "bank"))
+    assert reply is not None and reply.status == 503 and reply.headers["retry-after"] == "1"
+    assert b'"screen_unavailable"' in reply.body
+    assert await stage.on_request(exchange("another unseen question", "shop")) is None
+    skipped = {"mode": "monitor", "verdict": "skipped"}
+    assert metrics.registry.get_sample_value("gate_screen_verdicts_total", skipped) == 1
