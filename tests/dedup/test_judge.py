@@ -153,3 +153,30 @@ async def test_the_matcher_asks_the_judge(e5: OnnxEmbedder) -> None:
     assert d.reason == "semantic" and FORCED <= d.score <= 1.0
     vetoed = m.same("Is the store open on Sunday?", "Is the store not open on Sunday?", 0.99)
     assert vetoed.reason == "guard:negation"
+
+
+async def test_the_gate_loads_the_judge_from_its_config(model_dir: Path) -> None:
+    """``cache.semantic.judge`` at start: off at the 0.95 target (no language reached it), on
+    where an operator accepts a lower one, refused with another embedder's states."""
+    from extproc.cache.setup import ModelError, load_matcher
+    from extproc.config import CacheSemantic
+    from extproc.metrics import Metrics
+
+    off = load_matcher(CacheSemantic(embedder="e5-small", model_dir=model_dir, judge=True), Metrics())
+    assert off is None
+    cfg = CacheSemantic(embedder="e5-small", model_dir=model_dir, judge=True, target_precision=0.6)
+    on = load_matcher(cfg, Metrics())
+    assert on is not None and on.judge is not None and on.policy.scorer == "judge"
+    assert on.policy.enabled("en")
+    try:
+        a, b = "How do I reset my password?", "How can I reset my password?"
+        vec = [await on.embedder.embed(t) for t in (a, b)]
+        await on.warm([a, b])
+        d = on.same(a, b, float(vec[0] @ vec[1]))
+        assert d.reason in ("semantic", "judge") and d.score > 0.0
+    finally:
+        close = getattr(on.embedder, "aclose", None)
+        if close is not None:
+            await close()
+    with pytest.raises(ModelError, match="e5-small"):
+        load_matcher(CacheSemantic(embedder="minilm", model_dir=model_dir, judge=True), Metrics())
