@@ -49,7 +49,7 @@ def fmt(c: object) -> str:
     return f"{c.precision:.3f} | {c.lower:.3f} | {c.recall:.3f} | {c.hits} | {c.wrong}"  # type: ignore[attr-defined]
 
 
-def held_out(judge: Judge, policy: Policy, s: JudgeSet) -> tuple[str, str]:
+def held_out(judge: Judge, policy: Policy, s: JudgeSet) -> tuple[str, str, np.ndarray]:
     """(table for this language, summary row) on the report part."""
     test = s.role == "test"
     point = policy.languages[s.lang]
@@ -77,7 +77,36 @@ def held_out(judge: Judge, policy: Policy, s: JudgeSet) -> tuple[str, str]:
         + "\n".join(rows)
         + "\n"
     )
-    return text, summary
+    return text, summary, sc
+
+
+def guard_costs(judge_scores: list[np.ndarray], sets: list[JudgeSet], floors: dict[str, float]) -> str:
+    """Per guard, on the report part, with the judge in place at ``FORCED``: of the pairs past
+    the cosine floor that this guard vetoes (the first guard that fires), how many the judge
+    would have served, and how many of those were duplicates (recall the veto costs) or not
+    (wrong answers it prevents)."""
+    from extproc.dedup.calibrate import SWAPS
+    from extproc.dedup.guards import guard
+
+    lines = [
+        f"| language | guard | vetoed past the floor | judge >= {FORCED} would serve | of them duplicates "
+        "(recall lost) | of them different (wrong answers prevented) |",
+        "|---|---|---:|---:|---:|---:|",
+    ]
+    for s, sc in zip(sets, judge_scores, strict=True):
+        test = np.flatnonzero((s.role == "test") & s.readable & ~s.near_exact & (s.cosine >= floors[s.lang]))
+        by: dict[str, list[int]] = {}
+        for i in test:
+            p = s.pairs[int(i)]
+            name = guard(p.a, p.b, SWAPS[s.lang])
+            if name is not None:
+                by.setdefault(name, []).append(int(i))
+        for name, rows in sorted(by.items(), key=lambda kv: -len(kv[1])):
+            idx = np.array(rows)
+            would = idx[sc[idx] >= FORCED]
+            dup = int(s.gold[would].sum())
+            lines.append(f"| {s.lang} | {name} | {len(idx)} | {len(would)} | {dup} | {len(would) - dup} |")
+    return "\n".join(lines) + "\n"
 
 
 def read_set(name: str) -> list[tuple[str, str, str, str]]:
@@ -164,11 +193,13 @@ def report(model_dir: Path | None, data: Path, cache: Path | None = None) -> str
     policy = judge_policy(JUDGE_EMBEDDER, DEFAULT_TARGET)
     forced = replace(policy, languages={k: replace(v, threshold=FORCED) for k, v in policy.languages.items()})
     sets = [prepare_set(emb, judge_pairs(data, lang), lang, cache or cache_dir()) for lang in ("en", "zh")]
-    tables, rows = [], []
+    tables, rows, all_scores = [], [], []
     for s in sets:
-        text, row = held_out(judge, policy, s)
+        text, row, sc = held_out(judge, policy, s)
         tables.append(text)
         rows.append(row)
+        all_scores.append(sc)
+    floors = {k: v.min_cosine for k, v in policy.languages.items()}
     summary = (
         "| language | cosine floor | judge threshold (selection LB >= 0.95) | precision | 95% LB | recall | "
         "hits | wrong | semantic with the judge |\n|---|---:|---:|---:|---:|---:|---:|---:|---|\n"
@@ -191,6 +222,10 @@ def report(model_dir: Path | None, data: Path, cache: Path | None = None) -> str
             f"With every language forced on at judge score >= {FORCED} (not shipped; shows what the "
             "guards and the judge refuse when the judge is asked):\n",
             own_sets(emb, judge, forced),
+            "### What each guard costs and buys with the judge in place (report part)\n",
+            "A pair counts under the first guard that vetoes it (`substitution` / `insertion`: the "
+            "small-edit swaps). The shipped judge keeps every veto.\n",
+            guard_costs(all_scores, sets, floors),
             "### Cost per judged pair, one ONNX Runtime thread (token states come with the embedding)\n",
             cost(judge, sets),
             "### Report part along the curve\n",

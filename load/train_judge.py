@@ -117,7 +117,13 @@ def average_precision(s: JudgeSet, sc: np.ndarray, floor: float) -> float:
 
 
 def train(
-    sets: list[JudgeSet], floors: dict[str, float], seed: int, epochs: int, batch: int = 128, width: int = 32
+    sets: list[JudgeSet],
+    floors: dict[str, float],
+    seed: int,
+    epochs: int,
+    batch: int = 128,
+    width: int = 32,
+    candidates_only: bool = False,
 ) -> tuple[Params, np.ndarray, np.ndarray, list[str]]:
     import jax
     import jax.numpy as jnp
@@ -126,7 +132,12 @@ def train(
     fit_rows = [
         (k, int(i))
         for k, s in enumerate(sets)
-        for i in np.flatnonzero((s.role == "fit") & s.readable & ~s.near_exact)
+        for i in np.flatnonzero(
+            (s.role == "fit")
+            & s.readable
+            & ~s.near_exact
+            & (~(s.vetoed(SWAPS[s.lang]) | (s.cosine < floors[s.lang])) if candidates_only else True)
+        )
     ]
     xf = np.concatenate([sets[k].x[[i]] for k, i in fit_rows])
     mean = xf.mean(0).astype(np.float32)
@@ -185,6 +196,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--epochs", type=int, default=8)
     ap.add_argument("--width", type=int, default=32, help="the network's token and hidden width")
+    ap.add_argument(
+        "--candidates-only", action="store_true", help="fit only on pairs past the floor and the guards"
+    )
     ap.add_argument("--model-dir", type=Path, default=None)
     ap.add_argument("--data", type=Path, default=None)
     ap.add_argument("--cache", type=Path, default=None, help="token-state cache dir (default: eval-cache)")
@@ -205,7 +219,9 @@ def main(argv: list[str] | None = None) -> int:
     for s in sets:
         pos = s.cosine[(s.role == "fit") & s.gold & s.readable]
         floors[s.lang] = float(np.floor(np.quantile(pos, FLOOR_QUANTILE) * 100) / 100)
-    params, mean, scale, log = train(sets, floors, args.seed, args.epochs, width=args.width)
+    params, mean, scale, log = train(
+        sets, floors, args.seed, args.epochs, width=args.width, candidates_only=args.candidates_only
+    )
     out = args.out or shipped_judge_dir()
     import onnx
 
@@ -219,6 +235,7 @@ def main(argv: list[str] | None = None) -> int:
         "embedder": JUDGE_EMBEDDER,
         "seed": args.seed,
         "width": args.width,
+        "candidates_only": args.candidates_only,
         "max_tokens": MAX_TOKENS,
         "split": f"by pair hash: fit/select/report % = {ROLES[0]}/{ROLES[1]}/{100 - sum(ROLES)}; "
         "en report also takes all of STS-B dev; STS-B score >= 4 = same",
