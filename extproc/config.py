@@ -380,6 +380,11 @@ class CacheSemantic(Strict):
     build_missing: bool = True  # build the model at start when it is not there (a few seconds)
     policy_file: Path | None = None  # None: the shipped calibration (extproc/dedup/verifier.json)
     target_precision: float = Field(default=0.95, gt=0, le=1)
+    # The trained pair judge (extproc/dedup/judge.py) decides the candidates past the cosine
+    # floor and the guards, at its own measured operating points, instead of the verifier. It
+    # reads e5-small token states: it needs embedder e5-small (docs/pair-judge.md).
+    judge: bool = False
+    judge_dir: Path | None = None  # None: the shipped judge (extproc/dedup/judge.onnx + judge.json)
     # LSH: None chooses rows/bands for the policy's lowest cosine floor at lsh_recall.
     lsh_rows: int | None = Field(default=None, ge=1, le=63)
     lsh_bands: int | None = Field(default=None, ge=1, le=256)

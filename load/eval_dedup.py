@@ -7,6 +7,8 @@ Uses the shipped calibration (extproc/dedup/verifier.json, rebuilt by
 STS-B train, reported on all of STS-B dev (score >= 4 = same). Chinese: ATEC split by a fixed
 hash of the pair: 40% fit, 20% select, 40% held out and reported here. Then the project's own
 should-miss / should-hit sets (tests/dedup/data) at the shipped defaults, and the decision's cost.
+The pair judge's section (``load.eval_judge``) comes first: its report part, the own sets with
+the judge on, and its cost per judged pair.
 Embeddings and token states are cached next to the models (eval-cache/), so a rerun is quick.
 """
 
@@ -219,9 +221,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model-dir", type=Path, default=None)
     ap.add_argument("--data", type=Path, default=None)
     ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "dedup_eval.md")
+    ap.add_argument("--judge-cache", type=Path, default=None, help="token-state cache of the judge's pairs")
     args = ap.parse_args(argv)
     data = args.data or default_data_dir()
     t0 = time.perf_counter()
+    from load.eval_judge import report as judge_report
+
+    judge_section = judge_report(args.model_dir, data, args.judge_cache)
     embs = {name: load_embedder(name, args.model_dir) for name in EMBEDDERS}
     shipped = {name: load_policy(name) for name in EMBEDDERS}
     tables: list[str] = []
@@ -265,7 +271,8 @@ def main(argv: list[str] | None = None) -> int:
         "the pair, 40% fit / 20% select / 40% held out (reported). A language is on by default when its "
         "selection lower bound reaches 0.95 on at least 30 hits. Near-exact pairs count as hits in every "
         "row.\n",
-        "## Defaults\n",
+        judge_section,
+        "## Defaults (verifier, without the judge)\n",
         "\n".join(defaults) + "\n",
         "## The project's own pair sets (tests/dedup/data, real embeddings; zh always on e5-small)\n",
         sets,

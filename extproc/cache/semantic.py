@@ -15,6 +15,7 @@ import numpy as np
 
 from ..dedup.align import alignment
 from ..dedup.decide import Decision, Policy, decide
+from ..dedup.judge import Judge, judge_features
 from ..dedup.lang import language
 from ..embed.token_states import TokenStates, TokenStatesCache
 from .lsh import Lsh, choose
@@ -29,7 +30,7 @@ class AsyncEmbedder(Protocol):
     async def embed(self, text: str) -> np.ndarray: ...
 
 
-Decide = Callable[..., Decision]  # (query, candidate, cosine, policy[, align]) -> Decision
+Decide = Callable[..., Decision]  # (query, candidate, cosine, policy[, align[, judged]]) -> Decision
 
 
 def states_cache(embedder: object) -> TokenStatesCache | None:
@@ -58,6 +59,7 @@ class Matcher:
     max_candidates: int = 128
     decide: Decide = decide
     tokens: TokenStatesCache | None = field(default=None)
+    judge: Judge | None = None  # scores the pairs past the guards when the policy's scorer is "judge"
 
     @classmethod
     def create(
@@ -71,6 +73,7 @@ class Matcher:
         seed: int = 0,
         max_candidates: int = 128,
         center: np.ndarray | None = None,
+        judge: Judge | None = None,
     ) -> Matcher | None:
         """None when the policy switches every language off: then nothing is ever embedded."""
         low = floor(policy)
@@ -78,7 +81,7 @@ class Matcher:
             return None
         auto_rows, auto_bands = choose(low, recall)
         lsh = Lsh.create(embedder.dim, rows or auto_rows, bands or auto_bands, seed, center, embedder.name)
-        return cls(embedder, policy, lsh, max_candidates, tokens=states_cache(embedder))
+        return cls(embedder, policy, lsh, max_candidates, tokens=states_cache(embedder), judge=judge)
 
     def skip_reason(self, text: str) -> str | None:
         """Why this text must not take the semantic path (cheap checks, before any embedding)."""
@@ -125,13 +128,35 @@ class Matcher:
     def same(self, query: str, candidate: str, cosine: float) -> Decision:
         if self.tokens is None:
             return self.decide(query, candidate, cosine, self.policy)
-        return self.decide(query, candidate, cosine, self.policy, lambda: self._alignment(query, candidate))
+        return self.decide(
+            query,
+            candidate,
+            cosine,
+            self.policy,
+            lambda: self._alignment(query, candidate),
+            lambda: self._judged(query, candidate, cosine),
+        )
 
     def _needs_states(self, query: str, candidate: str) -> bool:
-        """Whether deciding this pair reaches the verifier (the guards veto most pairs first)."""
+        """Whether deciding this pair reaches the verifier or the judge (the guards veto most
+        pairs first)."""
         asked: list[bool] = []
-        self.decide(query, candidate, 1.0, self.policy, lambda: asked.append(True))
+
+        def ask() -> None:
+            asked.append(True)
+
+        self.decide(query, candidate, 1.0, self.policy, ask, ask)
         return bool(asked)
+
+    def _judged(self, query: str, candidate: str, cosine: float) -> float | None:
+        """The judge's score of the pair; None without a judge or without both token states."""
+        if self.judge is None:
+            return None
+        a, b = self._states(query), self._states(candidate)
+        if a is None or b is None:
+            return None
+        align = alignment(a.pieces, a.vectors, b.pieces, b.vectors)
+        return self.judge.score(a.vectors, b.vectors, judge_features(query, candidate, cosine, align))
 
     def _alignment(self, query: str, candidate: str) -> np.ndarray | None:
         a, b = self._states(query), self._states(candidate)

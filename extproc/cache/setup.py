@@ -66,6 +66,15 @@ def load_matcher(cfg: SemanticConfig, metrics: Metrics, processes: int = 1) -> M
     except FileNotFoundError as exc:
         log.warning("semantic cache off: no calibration file (%s)", exc)
         return None
+    judge = None
+    if cfg.judge:
+        from ..dedup.judge import judge_policy, load_judge
+
+        try:
+            policy = judge_policy(cfg.embedder, cfg.target_precision, cfg.judge_dir)
+            judge = load_judge(cfg.judge_dir)
+        except ValueError as exc:
+            raise ModelError(f"cache.semantic.judge: {exc}; set cache.semantic.embedder: e5-small") from exc
     if cfg.self_check.enabled:
         from .selfcheck import open_policy
 
@@ -104,7 +113,7 @@ def load_matcher(cfg: SemanticConfig, metrics: Metrics, processes: int = 1) -> M
     )
     return Matcher.create(
         embedder, policy, rows=cfg.lsh_rows, bands=cfg.lsh_bands, recall=cfg.lsh_recall, seed=cfg.lsh_seed,
-        max_candidates=cfg.max_candidates, center=center,
+        max_candidates=cfg.max_candidates, center=center, judge=judge,
     )
 
 
@@ -135,7 +144,7 @@ def load_matchers(cfg: SemanticConfig, metrics: Metrics, processes: int = 1) -> 
 
     def matcher_for(section: SemanticConfig) -> Matcher | None:
         key = (section.enabled, section.embedder, section.policy_file, section.target_precision,
-               section.lsh_center_file)
+               section.lsh_center_file, section.judge, section.judge_dir)
         if key not in loaded:
             loaded[key] = load_matcher(section, metrics, processes) if section.enabled else None
         return loaded[key]

@@ -5,7 +5,8 @@ then, only for a language whose operating point reached the precision target (on
 lower bound, with enough hits), the semantic layer: cosine floor, guards (a hard veto for
 polarity, direction, ids, amounts, and any value changed in an otherwise identical prompt;
 a detail only one side of a rewrite mentions is a scored feature), then the fitted verifier
-over lexical and token-alignment features (``align`` from the embedder's token states).
+over lexical and token-alignment features (``align`` from the embedder's token states), or,
+when the policy says so, the trained pair judge (``judged``: its score, see ``judge``).
 The caller checks ``Embedder.can_read`` before it embeds; unreadable text never gets here.
 """
 
@@ -31,9 +32,8 @@ DEFAULT_MIN_HITS = 30  # an operating point resting on fewer selection hits is n
 @dataclass(frozen=True)
 class Decision:
     same: bool
-    reason: (
-        str  # near-exact | semantic | off:<lang> | language | cosine | guard:<name> | no-states | verifier
-    )
+    # near-exact | semantic | off:<lang> | language | cosine | guard:<name> | no-states | verifier | judge
+    reason: str
     score: float
 
 
@@ -59,6 +59,7 @@ class LanguagePoint:
     curve: tuple[CurvePoint, ...] = ()
     threshold: float | None = None  # None: semantic matching off for this language
     swaps: tuple[str, ...] = ("substitution", "insertion")
+    vetoes: tuple[str, ...] | None = None  # the guards that veto here (None: all of them)
 
     def at(self, target: float, min_hits: int = DEFAULT_MIN_HITS) -> LanguagePoint:
         """The loosest threshold whose selection precision has a 95% lower bound at or above
@@ -76,6 +77,7 @@ class Policy:
     embedder: str
     target: float = DEFAULT_TARGET
     languages: dict[str, LanguagePoint] = field(default_factory=dict)
+    scorer: str = "verifier"  # verifier | judge: what scores a pair past the guards
 
     def enabled(self, lang: str) -> bool:
         point = self.languages.get(lang)
@@ -83,15 +85,23 @@ class Policy:
 
 
 Align = np.ndarray | Callable[[], np.ndarray | None]
+Judged = Callable[[], float | None]
 
 
 def decide(
-    query: str, candidate: str, cosine: float, policy: Policy, align: Align | None = None
+    query: str,
+    candidate: str,
+    cosine: float,
+    policy: Policy,
+    align: Align | None = None,
+    judged: Judged | None = None,
 ) -> Decision:
     """``align``: :func:`extproc.dedup.align.alignment` of the two prompts' token states, or a
     function that gives it, called only for a pair that reaches the verifier (most pairs are
     settled before: their states are never needed); without it the semantic layer cannot
-    score the pair and says no."""
+    score the pair and says no. ``judged``: for a policy whose scorer is the judge, a function
+    that gives the judge's score of the pair (None: no token states), called only past the
+    guards."""
     if canonical(query) == canonical(candidate):
         return Decision(True, "near-exact", 1.0)
     lang = language(query)
@@ -102,9 +112,15 @@ def decide(
         return Decision(False, f"off:{lang or 'none'}", 0.0)
     if cosine < point.min_cosine:
         return Decision(False, "cosine", 0.0)
-    vetoed = guard(query, candidate, point.swaps)
+    vetoed = guard(query, candidate, point.swaps, point.vetoes)
     if vetoed is not None:
         return Decision(False, f"guard:{vetoed}", 0.0)
+    if policy.scorer == "judge":
+        score_j = judged() if judged is not None else None
+        if score_j is None:
+            return Decision(False, "no-states", 0.0)
+        ok = score_j >= point.threshold
+        return Decision(ok, "semantic" if ok else "judge", float(score_j))
     if callable(align):
         align = align()
     if align is None:

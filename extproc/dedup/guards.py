@@ -421,19 +421,28 @@ def _replaced_entities(a: str, b: str) -> bool:
 SOFTENABLE = ("number", "date", "entity")
 
 
-def guard(a: str, b: str, swaps: tuple[str, ...] = ("substitution", "insertion")) -> str | None:
-    """The first guard that refuses the pair, or None when all pass."""
-    return guard_verdict(a, b, swaps)[0]
+def guard(
+    a: str,
+    b: str,
+    swaps: tuple[str, ...] = ("substitution", "insertion"),
+    only: tuple[str, ...] | None = None,
+) -> str | None:
+    """The first guard that refuses the pair, or None when all pass. ``only``: the guards that
+    may veto (None: all of them); the others are left to whatever scores the pair."""
+    return guard_verdict(a, b, swaps, only)[0]
 
 
 def guard_verdict(
-    a: str, b: str, swaps: tuple[str, ...] = ("substitution", "insertion")
+    a: str,
+    b: str,
+    swaps: tuple[str, ...] = ("substitution", "insertion"),
+    only: tuple[str, ...] | None = None,
 ) -> tuple[str | None, int]:
     """(the hard veto or None, how many differences were left to the verifier as features)."""
     small = swapped(a, b)
     soft = 0
     for name, check in GUARDS.items():
-        if not check(a, b):
+        if (only is not None and name not in only) or not check(a, b):
             continue
         if name in SOFTENABLE and small is None and _soft(name, a, b):
             soft += 1
