@@ -36,6 +36,7 @@ from .config import Store
 from .metrics import Metrics
 from .redis_client import Client, connect_topology
 from .redis_client import ping as ping_store
+from .redis_config import RedisTopology
 from .tasks import Tasks
 
 T = TypeVar("T")
@@ -54,6 +55,12 @@ def connect(config: Store) -> Client | None:
     if topology is None:
         return None
     return connect_topology(topology, connect_timeout_s=max(config.op_timeout_ms / 1000, 0.05))
+
+
+def admin_client(url: str | None, store: Store | None) -> Client | None:
+    """For the command-line tools: `url` when given, else the config's topology; None: none."""
+    topology = RedisTopology(url=url) if url else store.topology if store is not None else None
+    return None if topology is None else connect_topology(topology, connect_timeout_s=2.0)
 
 
 class StoreGuard:
