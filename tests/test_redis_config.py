@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 import redis.asyncio as aioredis
+import yaml
 from pydantic import ValidationError
 from redis.exceptions import AuthenticationError, ResponseError
 
