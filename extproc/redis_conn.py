@@ -22,6 +22,7 @@ import time
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
+from redis.asyncio import RedisCluster
 from redis.exceptions import (
     ClusterDownError,
     MasterDownError,
@@ -81,7 +82,21 @@ class StoreGuard:
         self.failures = 0  # in a row
         self.down_since: float | None = None
         self._checking: asyncio.Task[None] | None = None
+        self._warming: asyncio.Lock | None = None
         metrics.store_up.set(1)
+
+    def _cold(self) -> bool:
+        """A Cluster client that has not read the slot map yet (it does on its first call)."""
+        return isinstance(self.client, RedisCluster) and bool(getattr(self.client, "_initialize", False))
+
+    async def _warm(self) -> None:
+        """Read a Cluster's slot map and dial its masters once, within a ping's budget rather
+        than the first request's: the first calls of a process wait for it together."""
+        self._warming = self._warming or asyncio.Lock()
+        async with self._warming:
+            if self._cold() and isinstance(self.client, RedisCluster):
+                async with asyncio.timeout(CHECK_BUDGET_S):
+                    await self.client.initialize()
 
     async def run(
         self, call: Coroutine[Any, Any, T], default: T, op: str, budget_s: float | None = None
@@ -96,6 +111,8 @@ class StoreGuard:
             self.metrics.store_skipped.labels(op).inc()
             return default
         try:
+            if self._cold():
+                await self._warm()
             async with asyncio.timeout(budget_s if budget_s is not None else self.budget_s):
                 result = await call
         except OUTAGE as exc:
