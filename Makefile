@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo demo-keep test lint unit bench package-check clean
+.PHONY: install tools demo demo-keep test lint unit bench package-check clean
 
 install: $(STAMP)
 
@@ -26,12 +26,18 @@ demo: install
 demo-keep: install
 	$(VENV)/bin/llm-gate demo --keep
 
+# System tools the tests need besides Python packages (redis-server, promtool, docker-compose,
+# openssl, gcc): installed when missing (as root, with apt-get), else named.
+tools:
+	bash deploy/ci/tools.sh
+
 lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
 
-test: lint
-	$(PY) -m pytest -q
+# The venv's bin first: kubectl comes from the dev extra, envoy from the demo extra.
+test: tools lint
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m pytest -q
 
 # The built wheel in an empty venv: --version, serve with config.example.yaml, one request
 # through a real Envoy.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import logging
 import signal
@@ -12,7 +13,7 @@ from .admin import start_admin
 from .config import Config, ConfigError, load_config
 from .metrics import Metrics
 from .pipeline import Pipeline
-from .server import mark_serving, start_server
+from .server import ListenError, mark_draining, mark_serving, start_server
 from .services import Services
 from .stages.admission import Admission
 from .stages.base import Stage
@@ -24,6 +25,8 @@ from .stages.ratelimit import RateLimit
 from .stages.route import Route
 from .stages.token_budget import TokenBudget
 from .stages.validate import Validate
+from .tasks import Tasks
+from .workers import CANNOT_LISTEN
 
 log = logging.getLogger("llm_gate")
 
@@ -47,6 +50,23 @@ def build_pipeline(config: Config, metrics: Metrics) -> Pipeline:
     services = Services.build(config, metrics)
     stages = [stage.build(config, services) for stage in STAGES]
     return Pipeline(stages, config, metrics, services)
+
+
+async def build_started(config: Config, metrics: Metrics) -> Pipeline | None:
+    """A new pipeline for a reload, started; None (counted, logged, and everything it opened
+    closed) when building or starting it failed: the running one stays."""
+    pipeline = None
+    try:
+        # Models may load: off the event loop, so open streams keep flowing meanwhile.
+        pipeline = await asyncio.to_thread(build_pipeline, config, metrics)
+        await pipeline.start()
+        return pipeline
+    except Exception:
+        log.exception("config reload failed while building its services; keeping the running one")
+        metrics.config_reloads.labels("failed").inc()
+        if pipeline is not None:
+            await pipeline.aclose()
+        return None
 
 
 def max_message_bytes(config: Config) -> int:
@@ -85,7 +105,7 @@ async def run_gate(config: Config, index: int = 0, config_path: Path | None = No
     if s.metrics_port is not None:
         metrics.serve(s.metrics_port + index, s.host)
     pipeline = build_pipeline(config, metrics)
-    pipeline.start()
+    await pipeline.start()
     running = await start_server(pipeline, s.host, s.port + index, max_message_bytes(config), s.tls)
     admin = None
     if s.admin_port is not None:
@@ -94,10 +114,18 @@ async def run_gate(config: Config, index: int = 0, config_path: Path | None = No
     await mark_serving(running.health)
     log.info("gate listening on %s:%d", s.host, running.port)
     stop = asyncio.Event()
+    drain = True
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+
+    def quit_now() -> None:
+        nonlocal drain
+        drain = False
+        stop.set()
+
+    loop.add_signal_handler(signal.SIGTERM, stop.set)
+    loop.add_signal_handler(signal.SIGINT, quit_now)
     reloading = asyncio.Lock()
+    background = Tasks(metrics)
 
     async def reload() -> None:
         nonlocal config
@@ -106,9 +134,9 @@ async def run_gate(config: Config, index: int = 0, config_path: Path | None = No
             if fresh is None:
                 metrics.config_reloads.labels("refused").inc()
                 return
-            # Models may load: off the event loop, so open streams keep flowing meanwhile.
-            pipeline = await asyncio.to_thread(build_pipeline, fresh, metrics)
-            pipeline.start()
+            pipeline = await build_started(fresh, metrics)
+            if pipeline is None:
+                return
             # The retiring pipeline was frozen at the start: let the collector free it again.
             gc.unfreeze()
             running.processor.swap(pipeline)
@@ -116,12 +144,20 @@ async def run_gate(config: Config, index: int = 0, config_path: Path | None = No
             metrics.config_reloads.labels("done").inc()
             log.info("config %s reloaded; open streams finish on the previous one", config_path)
 
-    loop.add_signal_handler(signal.SIGHUP, lambda: loop.create_task(reload()))
+    loop.add_signal_handler(signal.SIGHUP, lambda: background.spawn(reload(), "reload"))
     await stop.wait()
-    await running.server.stop(config.server.grace_seconds)
+    await mark_draining(running.health)
+    if drain and config.server.drain_seconds > 0:
+        log.info("draining for %.1fs: NOT_SERVING, still answering", config.server.drain_seconds)
+        stop.clear()
+        with contextlib.suppress(TimeoutError):  # a SIGINT meanwhile ends the drain
+            await asyncio.wait_for(stop.wait(), config.server.drain_seconds)
+    grace = config.server.grace_seconds if drain else min(config.server.grace_seconds, 1.0)
+    await running.server.stop(grace)
+    await background.aclose()
     if admin is not None:
         await admin.cleanup()
-    await running.processor.pipeline.aclose()
+    await running.processor.aclose(wait_s=1.0)
 
 
 def run_process(config: Config, index: int, config_path: Path | None = None) -> None:
@@ -132,4 +168,8 @@ def run_process(config: Config, index: int, config_path: Path | None = None) -> 
     import uvloop
 
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s gate[{index}] %(levelname)s %(message)s")
-    uvloop.run(run_gate(config, index, config_path))
+    try:
+        uvloop.run(run_gate(config, index, config_path))
+    except ListenError as exc:
+        log.error("%s", exc)
+        raise SystemExit(CANNOT_LISTEN) from None

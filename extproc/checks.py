@@ -98,12 +98,33 @@ def center_files(config: Config) -> list[tuple[str, Path, str]]:
     return [(setting, path, embedder) for (path, embedder), setting in found.items()]
 
 
+def secret_warnings(config: Config) -> list[str]:
+    """Secrets written in the config file itself: it usually ships as a ConfigMap, readable by
+    anyone who can read the namespace's configuration."""
+    warnings = []
+    if config.identity.api_keys:
+        warnings.append(
+            f"identity.api_keys: {len(config.identity.api_keys)} API key(s) in the config file; move them "
+            "to identity.api_keys_file (a mounted Secret) or identity.api_keys_env"
+        )
+    url = config.store.redis_url or ""
+    if "@" in url and ":" in url.split("@", 1)[0].split("//", 1)[-1]:
+        warnings.append(
+            "store.redis_url: the URL carries a password; give it through a file or the environment instead"
+        )
+    return warnings
+
+
 def file_problems(config: Config) -> list[str]:
     """Problems in the files the gate reads at start, one line each (the LSH centres; their
     dimension against the model itself is checked when the gate loads it)."""
     from .cache.center import CenterError, read_center
 
     problems: list[str] = []
+    try:
+        config.identity.keys()
+    except (OSError, ValueError, yaml.YAMLError) as exc:
+        problems.append(f"identity: the API keys cannot be read: {exc}")
     for setting, path, embedder in center_files(config):
         try:
             read_center(path, embedder)

@@ -60,7 +60,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_check_config(args: argparse.Namespace) -> int:
-    from .checks import DEFAULT_MESSAGE_TIMEOUT_S, cross_check, envoy_message_timeouts, file_problems
+    from .checks import (
+        DEFAULT_MESSAGE_TIMEOUT_S,
+        cross_check,
+        envoy_message_timeouts,
+        file_problems,
+        secret_warnings,
+    )
 
     try:
         config = load_config(args.file)
@@ -80,6 +86,8 @@ def cmd_check_config(args: argparse.Namespace) -> int:
         print(f"{exc.filename}: {exc.strerror}")
         return 1
     problems = cross_check(config, min(timeouts, default=DEFAULT_MESSAGE_TIMEOUT_S)) + file_problems(config)
+    for warning in secret_warnings(config):
+        print(f"{args.file}: warning: {warning}")
     for problem in problems:
         print(f"{args.file}: {problem}")
     if problems:

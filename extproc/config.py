@@ -31,9 +31,16 @@ class Caller(Strict):
 
 
 class Identity(Strict):
+    # Keys in this file are read by anyone who can read the config (a ConfigMap): keep them in
+    # `api_keys_file` (a mounted Secret) or the variable `api_keys_env` names, both YAML or
+    # JSON of the same shape ({key: {tenant, tier, user}}). All three are merged.
     api_keys: dict[str, Caller] = Field(default_factory=dict)
+    api_keys_file: Path | None = None
+    api_keys_env: str | None = None
     anonymous: Caller = Caller(tenant="anonymous", tier="standard")
     unknown_keys: Literal["anonymous", "reject"] = "anonymous"
+    # A request with no key at all: the anonymous caller, or a 401.
+    missing_keys: Literal["anonymous", "reject"] = "anonymous"
     # Only when an upstream auth filter (ext_authz, Istio RequestAuthentication) sets them.
     trust_identity_headers: bool = False
     tenant_header: str = "x-tenant-id"
@@ -41,6 +48,26 @@ class Identity(Strict):
     # The caller's identity headers (tenant, tier, x-priority) reach the model servers only
     # when this is on; its credentials (authorization, x-api-key) never do.
     forward_identity_headers: bool = False
+
+    def keys(self) -> dict[str, Caller]:
+        """Every configured key, read now from the file and the environment too."""
+        found = dict(self.api_keys)
+        sources: list[tuple[str, str]] = []
+        if self.api_keys_file is not None:
+            sources.append((str(self.api_keys_file), self.api_keys_file.read_text(encoding="utf-8")))
+        if self.api_keys_env is not None:
+            if self.api_keys_env not in os.environ:
+                raise ValueError(f"environment variable {self.api_keys_env} is not set")
+            sources.append((f"${self.api_keys_env}", os.environ[self.api_keys_env]))
+        for where, text in sources:
+            doc = yaml.safe_load(text) or {}
+            if not isinstance(doc, dict):
+                raise ValueError(f"{where}: expected a mapping of API key to caller")
+            try:
+                found.update({str(k): Caller.model_validate(v) for k, v in doc.items()})
+            except ValidationError as exc:
+                raise ValueError(f"{where}: {exc.errors()[0]['msg']}") from None
+        return found
 
 
 class RequiredHeader(Strict):
@@ -90,6 +117,9 @@ class Rule(Strict):
 
 class Routing(Strict):
     handled_paths: list[str] = Field(default_factory=lambda: ["/v1/chat/completions", "/v1/completions"])
+    # "METHOD /path" requests passed to the default pool untouched; any other path or method
+    # is answered 404 by the gate (and, with the shipped Envoy files, by Envoy before it).
+    passthrough: list[str] = Field(default_factory=lambda: ["GET /v1/models", "GET /health"])
     pools: dict[str, Pool] = Field(
         default_factory=lambda: {
             "primary": Pool(cluster="primary", fallback="fallback"),
@@ -100,6 +130,13 @@ class Routing(Strict):
     default_pool: str | None = "primary"
     rules: list[Rule] = Field(default_factory=list)
     scene_header: str = "x-business-scene"
+
+    @model_validator(mode="after")
+    def _passthrough_shape(self) -> Routing:
+        bad = [e for e in self.passthrough if len(e.split()) != 2 or not e.split()[1].startswith("/")]
+        if bad:
+            raise ValueError(f"passthrough entries must be 'METHOD /path'; got {bad}")
+        return self
 
     @model_validator(mode="after")
     def _pools_exist(self) -> Routing:
@@ -128,6 +165,10 @@ class Server(Strict):
     admin_port: int | None = Field(default=None, ge=0, le=65535)
     workers: int = Field(default=1, ge=1, le=64)
     grace_seconds: float = Field(default=5.0, ge=0)
+    # On SIGTERM the gate first reports NOT_SERVING and keeps serving this long, so the
+    # proxies' health checks (every 2 s, 2 failures) stop sending it new streams; then open
+    # streams get grace_seconds. SIGINT (and the supervisor's death) skips the drain.
+    drain_seconds: float = Field(default=6.0, ge=0)
     # Envoy's ext_proc message_timeout and max_message_timeout: a request that may wait
     # longer (queue, coalescing) first asks Envoy for more time (override_message_timeout).
     envoy_message_timeout_ms: float = Field(default=35_000.0, gt=0)
@@ -205,8 +246,10 @@ class RateLimit(Strict):
     repeat: RepeatBlock = RepeatBlock()
     # Proxies in front of Envoy whose x-forwarded-for entries are trusted (Envoy appends its peer).
     trusted_hops: int = Field(default=0, ge=0)
-    # Paths answered 503 when the store cannot be reached; elsewhere limits are skipped.
+    # While the store cannot be reached, limits are skipped, except on these path prefixes and
+    # for these tiers, which are answered 503 (retry-after: 1).
     fail_closed_paths: list[str] = Field(default_factory=list)
+    fail_closed_tiers: list[Tier] = Field(default_factory=list)
     key_prefix: str = "gate:rl:"
 
 

@@ -25,11 +25,14 @@ from .envoy_parts import (
     HTTP_OPTIONS,
     ID_HEADER,
     MAX_QUEUE_S,
+    PASSTHROUGH,
     REQUEST_ID,
     ROUTER,
     TYPE,
     UPSTREAM_IDLE_S,
+    discovery,
     endpoints,
+    exact_paths_regex,
     ext_proc_filter,
     gate_cluster,
     gate_health_checks,
@@ -38,6 +41,7 @@ from .envoy_parts import (
     local_reply_config,
     local_reply_mappers,
     mutation_rules,
+    path_normalization,
     strip_gate_headers,
 )
 
@@ -51,6 +55,7 @@ __all__ = [
     "HTTP_OPTIONS",
     "ID_HEADER",
     "MAX_QUEUE_S",
+    "PASSTHROUGH",
     "REQUEST_ID",
     "ROUTER",
     "TYPE",
@@ -69,6 +74,7 @@ __all__ = [
     "main",
     "mutation_rules",
     "not_routed_reply",
+    "path_normalization",
     "pool_cluster",
     "pool_protection",
     "pool_route",
@@ -119,7 +125,7 @@ def pool_protection() -> dict[str, Any]:
 def pool_cluster(name: str, addresses: list[tuple[str, int]]) -> dict[str, Any]:
     return {
         "name": name,
-        "type": "STATIC",
+        **discovery(addresses),
         "connect_timeout": "1s",
         "lb_policy": "LEAST_REQUEST",
         "load_assignment": {"cluster_name": name, **endpoints(addresses)},
@@ -156,41 +162,50 @@ def routes(
     *,
     gated: bool = True,
     gated_paths: tuple[str, ...] = GATED_PATHS,
+    passthrough: tuple[tuple[str, str], ...] = PASSTHROUGH,
     idle_s: float = UPSTREAM_IDLE_S,
 ) -> list[dict[str, Any]]:
-    """One route per pool on the gate's `x-gate-cluster`; gated paths without it get a JSON 503;
-    other paths (e.g. /v1/models, which the gate passes through) go to the default pool."""
+    """Nothing reaches a pool without the gate.
+
+    The gate's paths go to the pool named by its `x-gate-cluster`; without it they get a JSON
+    503 (or, with `gated=False`, go to the default pool). The allow-list (`passthrough`: method
+    and exact path) goes to the default pool untouched. Everything else matches no route: a
+    JSON 404 (`local_reply_mappers`)."""
+    def gate_paths() -> dict[str, Any]:
+        return {"safe_regex": {"regex": exact_paths_regex(gated_paths)}}
+
     by_header = [
         {
             "name": f"gate-{pool}",
             "match": {
-                "prefix": "/",
+                **gate_paths(),
                 "headers": [{"name": "x-gate-cluster", "string_match": {"exact": pool}}],
             },
             "route": pool_route(pool, idle_s),
         }
         for pool in pools
     ]
-    unrouted = [
+    unrouted: dict[str, Any] = {"name": "not-routed", "match": gate_paths()}
+    if gated:
+        unrouted["direct_response"] = not_routed_reply()
+        unrouted["response_headers_to_add"] = [
+            {
+                "header": {"key": "content-type", "value": "application/json"},
+                "append_action": "OVERWRITE_IF_EXISTS_OR_ADD",
+            },
+            *ID_HEADER,
+        ]
+    else:
+        unrouted["route"] = pool_route(default, idle_s)
+    allowed = [
         {
-            "name": f"not-routed{path.replace('/', '-')}",
-            "match": {"path": path},
-            "direct_response": not_routed_reply(),
-            "response_headers_to_add": [
-                {
-                    "header": {"key": "content-type", "value": "application/json"},
-                    "append_action": "OVERWRITE_IF_EXISTS_OR_ADD",
-                },
-                *ID_HEADER,
-            ],
+            "name": f"passthrough-{method.lower()}{path.replace('/', '-')}",
+            "match": {"path": path, "headers": [{"name": ":method", "string_match": {"exact": method}}]},
+            "route": pool_route(default, idle_s),
         }
-        for path in (gated_paths if gated else ())
+        for method, path in passthrough
     ]
-    return [
-        *by_header,
-        *unrouted,
-        {"name": "passthrough", "match": {"prefix": "/"}, "route": pool_route(default, idle_s)},
-    ]
+    return [*by_header, unrouted, *allowed]
 
 
 DOWNSTREAM_CONNECTIONS = "downstream_connections.v3.DownstreamConnectionsConfig"
@@ -252,6 +267,7 @@ def http_connection_manager(
         # Keep a client's x-request-id (it names the request in every log); make one otherwise.
         "preserve_external_request_id": True,
         "codec_type": "AUTO",
+        **path_normalization(),
         # Idle, not total: a streamed answer lives as long as tokens flow.
         "stream_idle_timeout": f"{idle_s:g}s",
         "request_headers_timeout": "10s",
@@ -338,6 +354,7 @@ def include_snippet(gate: list[tuple[str, int]], failure_mode_allow: bool = Fals
         "http_filters": [ext_proc_filter(failure_mode_allow, 35.0)],
         "clusters": [gate_cluster(gate)],
         "early_header_mutation_extensions": strip_gate_headers(),
+        "path_normalization": path_normalization(),
         "local_reply_config": local_reply_config(),
         "routes": routes(["primary", "fallback"], "primary", gated=not failure_mode_allow),
     }
@@ -361,7 +378,11 @@ def main(argv: list[str] | None = None) -> int:
         "--admin", type=_address, default=("127.0.0.1", 9901), help="HOST:PORT of Envoy's admin"
     )
     parser.add_argument(
-        "--gate", type=_address, action="append", help="gate endpoint HOST:PORT; repeat per worker"
+        "--gate",
+        type=_address,
+        action="append",
+        help="gate endpoint HOST:PORT; repeat per worker (a hostname, e.g. a headless Service, "
+        "is resolved to every address behind it)",
     )
     parser.add_argument(
         "--pool",
@@ -390,6 +411,12 @@ def main(argv: list[str] | None = None) -> int:
         help="write the Istio objects for a gateway installed by istioctl, Helm or Gateway API",
     )
     parser.add_argument("--namespace", default="llm-gate", help="Istio: the gate's namespace")
+    parser.add_argument(
+        "--istio-version",
+        choices=envoy_istio.ISTIO_VERSIONS,
+        default=envoy_istio.SHIPPED_VERSION,
+        help="Istio: the oldest minor version the objects must apply on",
+    )
     parser.add_argument("--out", type=Path, help="file to write (default: stdout)")
     args = parser.parse_args(argv)
     gate = args.gate or [("127.0.0.1", 50051)]
@@ -406,6 +433,7 @@ def main(argv: list[str] | None = None) -> int:
             gate_namespace=args.namespace,
             gate_port=port,
             failure_mode_allow=args.failure_mode_allow,
+            version=args.istio_version,
         )
     else:
         doc = bootstrap(
@@ -431,16 +459,20 @@ BOOTSTRAP_HEADER = """\
 # Generated by `llm-gate envoy-config`; edit the flags, not this file.
 # Clients → 127.0.0.1:10000; gate gRPC on 127.0.0.1:50051; pools `primary` and `fallback`.
 # Envoy drops client-sent `x-gate-*` headers first; the gate sets `x-gate-cluster` and Envoy
-# routes on it. A chat or completions request the gate did not route gets a JSON 503; other
-# paths (which the gate passes through, e.g. /v1/models) go to the default pool.
+# routes on it. A chat or completions request the gate did not route gets a JSON 503. Only
+# GET /v1/models and GET /health pass to the default pool without the gate; every other path
+# or method (/v1/embeddings, /tokenize, /metrics, ...) is a JSON 404. Paths are normalised
+# first (dot segments, repeated slashes; an escaped slash is redirected to its plain form).
 """
 
 INCLUDE_HEADER = """\
 # LLM Gate for your own Envoy: put `http_filters[0]` before the router filter of your HTTP
 # connection manager, add `clusters[0]`, and route on the `x-gate-cluster` header as `routes`
-# shows (one route per pool cluster; rename the clusters to yours). Set the HCM's
-# `early_header_mutation_extensions` (drops client-sent `x-gate-*` before routing) and
-# `local_reply_config` (Envoy's own errors as OpenAI-style JSON) to these.
+# shows (one route per pool cluster; rename the clusters to yours), and route nothing else to a
+# model server: any other path there skips the gate. Set the HCM's
+# `early_header_mutation_extensions` (drops client-sent `x-gate-*` before routing),
+# `local_reply_config` (Envoy's own errors as OpenAI-style JSON, a JSON 404 for unrouted
+# paths) and the settings in `path_normalization` to these.
 # Keep per_connection_buffer_limit_bytes at or above the gate's validation.max_body_bytes
 # (1 MiB by default), and the runtime key re2.max_program_size.error_level at or above 1024
 # (the mutation rules' regex; Istio's gateways set 32768). For your pool clusters copy the

@@ -14,7 +14,15 @@ Three variants differ only in how they find the gateway: istioctl's default gate
   instead of Istio's 32 KiB (both gateway-wide, and harmless for other hosts);
 - Envoy's own error replies become OpenAI-style JSON only for requests to the LLM host;
 - a pool is chosen only by the `x-gate-cluster` the gate set, and a chat or completions
-  request the gate did not route never falls through to a pool.
+  request the gate did not route never falls through to a pool; besides the gate's paths only
+  the allow-list (`GET /v1/models`, `GET /health`) reaches a pool, and every other path of the
+  LLM host is a JSON 404; paths are normalised first.
+
+Istio versions differ in what they accept, so the objects are rendered for a minor version
+(`ISTIO_VERSIONS`): `retryOn: reset-before-request` only from 1.23 (the shipped files are
+rendered for 1.22 and apply unchanged on 1.22-1.25; render for 1.23+ to retry resets too).
+The virtual host is matched by its name (`HOST:PORT`), which every version accepts
+(`vhost.domainName` exists only from 1.25).
 """
 
 from __future__ import annotations
@@ -26,6 +34,8 @@ import yaml
 from . import envoy_config as ec
 
 VARIANTS = ("istioctl", "helm", "gateway-api")
+ISTIO_VERSIONS = ("1.22", "1.23", "1.24", "1.25")
+SHIPPED_VERSION = "1.22"  # the oldest supported: what it accepts, every later version accepts
 LLM_HOST = "llm.example.internal"
 LLM_NAMESPACE = "llm"
 GATEWAY_NAME = "llm-gateway"
@@ -33,6 +43,7 @@ GATEWAY_NAMESPACE = "istio-system"  # istioctl and Helm variants; Gateway API us
 TLS_SECRET = "llm-example-tls"
 POOLS = {"primary": "vllm-primary", "fallback": "vllm-fallback"}  # gate cluster → Service
 POOL_PORT = 8000
+GATEWAY_PORT = 443
 SELECTORS = {"istioctl": {"istio": "ingressgateway"}, "helm": {"istio": "ingress"}}
 EXT_PROC_PER_ROUTE = "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExtProcPerRoute"
 FILTER_CONFIG = "type.googleapis.com/envoy.config.route.v3.FilterConfig"
@@ -60,6 +71,20 @@ def scoped_local_reply() -> dict[str, Any]:
     return {"mappers": mappers}
 
 
+def _minor(version: str) -> int:
+    if version not in ISTIO_VERSIONS:
+        raise ValueError(f"unsupported Istio version {version!r}; one of {', '.join(ISTIO_VERSIONS)}")
+    return int(version.split(".")[1])
+
+
+def retry_on(version: str) -> str:
+    """Only what never reached a model; `reset-before-request` is known to Istio from 1.23."""
+    policies = ["connect-failure", "refused-stream"]
+    if _minor(version) >= 23:
+        policies.append("reset-before-request")
+    return ",".join(policies)
+
+
 def config_patches(
     namespace: str, port: int, failure_mode_allow: bool, gateway: str | None
 ) -> list[dict[str, Any]]:
@@ -79,7 +104,7 @@ def config_patches(
         },
     }
     ext_proc = ec.ext_proc_filter(failure_mode_allow, 35.0, cluster=outbound_cluster(namespace, port))
-    vhost: dict[str, Any] = {"vhost": {"domainName": LLM_HOST}}
+    vhost: dict[str, Any] = {"vhost": {"name": f"{LLM_HOST}:{GATEWAY_PORT}"}}
     if gateway:
         vhost["gateway"] = gateway
     enable = {
@@ -117,6 +142,7 @@ def config_patches(
                 "value": {
                     "typed_config": {
                         "@type": ec.HCM,
+                        **ec.path_normalization(),
                         "early_header_mutation_extensions": ec.strip_gate_headers(),
                         "local_reply_config": scoped_local_reply(),
                     }
@@ -155,7 +181,7 @@ def envoy_filter(variant: str, namespace: str, port: int, failure_mode_allow: bo
 
 def istio_gateway(variant: str) -> dict[str, Any]:
     server = {
-        "port": {"number": 443, "name": "https-llm", "protocol": "HTTPS"},
+        "port": {"number": GATEWAY_PORT, "name": "https-llm", "protocol": "HTTPS"},
         "hosts": [f"{LLM_NAMESPACE}/{LLM_HOST}"],
         "tls": {"mode": "SIMPLE", "credentialName": TLS_SECRET},
     }
@@ -171,7 +197,7 @@ def k8s_gateway() -> dict[str, Any]:
     listener = {
         "name": "https-llm",
         "hostname": LLM_HOST,
-        "port": 443,
+        "port": GATEWAY_PORT,
         "protocol": "HTTPS",
         "tls": {"mode": "Terminate", "certificateRefs": [{"name": TLS_SECRET}]},
         "allowedRoutes": {"namespaces": {"from": "Same"}},
@@ -189,14 +215,18 @@ def not_routed_response() -> dict[str, Any]:
     return {"status": reply["status"], "body": {"string": reply["body"]["inline_string"]}}
 
 
-def virtual_service() -> dict[str, Any]:
-    """Pools by the gate's header; gated paths without it get a JSON 503; the rest → primary."""
+def virtual_service(version: str) -> dict[str, Any]:
+    """The gate's paths by its header; without it a JSON 503; the allow-list → primary; any
+    other path matches nothing (Envoy's 404, made JSON for the LLM host)."""
     # No route timeout (Istio's default is none): a streamed answer may run for minutes.
-    retries = {"attempts": 2, "retryOn": "connect-failure,refused-stream,reset-before-request"}
+    retries = {"attempts": 2, "retryOn": retry_on(version)}
     http: list[dict[str, Any]] = [
         {
             "name": f"gate-{pool}",
-            "match": [{"headers": {"x-gate-cluster": {"exact": pool}}}],
+            "match": [
+                {"uri": {"exact": path}, "headers": {"x-gate-cluster": {"exact": pool}}}
+                for path in ec.GATED_PATHS
+            ],
             "route": [{"destination": {"host": pool_host(pool), "port": {"number": POOL_PORT}}}],
             "retries": retries,
         }
@@ -213,6 +243,9 @@ def virtual_service() -> dict[str, Any]:
     http.append(
         {
             "name": "passthrough",
+            "match": [
+                {"uri": {"exact": path}, "method": {"exact": method}} for method, path in ec.PASSTHROUGH
+            ],
             "route": [{"destination": {"host": pool_host("primary"), "port": {"number": POOL_PORT}}}],
             "retries": retries,
         }
@@ -226,22 +259,31 @@ def virtual_service() -> dict[str, Any]:
 
 
 def http_route() -> dict[str, Any]:
-    """Gateway API has no direct response: a gated path the gate did not route matches no rule
-    (Envoy's 404, as JSON). Pass-through paths are listed one by one."""
+    """Gateway API has no direct response: a gated path the gate did not route, like any path
+    outside the allow-list, matches no rule (Envoy's 404, as JSON)."""
 
     def backend(pool: str) -> list[dict[str, Any]]:
         return [{"name": POOLS[pool], "port": POOL_PORT}]
 
     rules: list[dict[str, Any]] = [
         {
-            "matches": [{"headers": [{"type": "Exact", "name": "x-gate-cluster", "value": pool}]}],
+            "matches": [
+                {
+                    "path": {"type": "Exact", "value": path},
+                    "headers": [{"type": "Exact", "name": "x-gate-cluster", "value": pool}],
+                }
+                for path in ec.GATED_PATHS
+            ],
             "backendRefs": backend(pool),
         }
         for pool in POOLS
     ]
     rules.append(
         {
-            "matches": [{"path": {"type": "PathPrefix", "value": "/v1/models"}}],
+            "matches": [
+                {"path": {"type": "Exact", "value": path}, "method": method}
+                for method, path in ec.PASSTHROUGH
+            ],
             "backendRefs": backend("primary"),
         }
     )
@@ -318,14 +360,19 @@ def destination_rules(namespace: str, port: int) -> list[dict[str, Any]]:
 
 
 def documents(
-    variant: str, namespace: str = "llm-gate", port: int = 50051, failure_mode_allow: bool = False
+    variant: str,
+    namespace: str = "llm-gate",
+    port: int = 50051,
+    failure_mode_allow: bool = False,
+    version: str = SHIPPED_VERSION,
 ) -> list[dict[str, Any]]:
+    _minor(version)
     if variant not in VARIANTS:
         raise ValueError(f"unknown Istio variant {variant!r}; one of {', '.join(VARIANTS)}")
     if variant == "gateway-api":
         routing = [k8s_gateway(), http_route()]
     else:
-        routing = [istio_gateway(variant), virtual_service()]
+        routing = [istio_gateway(variant), virtual_service(version)]
     return [
         envoy_filter(variant, namespace, port, failure_mode_allow),
         *routing,
@@ -334,13 +381,16 @@ def documents(
 
 
 HEADER = """\
-# LLM Gate on an Istio ingress gateway ({what}).
-# Generated by `llm-gate envoy-config --istio {variant}`; edit the flags, not this file.
+# LLM Gate on an Istio ingress gateway ({what}), Istio {version} and later.
+# Generated by `llm-gate envoy-config --istio {variant} --istio-version {version}`; edit the
+# flags, not this file.
 # The gate: Service `llm-gate` (namespace `{namespace}`, gRPC port {port}), reached over the
 # mesh's mTLS through its outbound cluster. The LLM host `{host}` → vLLM Services
 # `vllm-primary` and `vllm-fallback` (namespace `llm`, port 8000); replace the host, the TLS
 # secret and the Services with yours, keeping each `x-gate-cluster` value equal to the pool's
 # `cluster` in the gate's config (routing.pools.NAME.cluster). {scope}
+# Only the gate's paths and GET /v1/models, GET /health reach a pool; other paths get a JSON
+# 404. The gate's namespace needs sidecar injection (the DestinationRule uses the mesh's mTLS).
 """
 SCOPE = {
     "istioctl": "Only the LLM host is gated.",
@@ -360,9 +410,11 @@ def render(
     gate_namespace: str = "llm-gate",
     gate_port: int = 50051,
     failure_mode_allow: bool = False,
+    version: str = SHIPPED_VERSION,
 ) -> str:
-    docs = documents(variant, gate_namespace, gate_port, failure_mode_allow)
+    docs = documents(variant, gate_namespace, gate_port, failure_mode_allow, version)
     header = HEADER.format(
+        version=version,
         what=WHAT[variant],
         scope=SCOPE[variant],
         variant=variant,

@@ -6,6 +6,8 @@ Istio objects (`extproc.envoy_istio`).
 
 from __future__ import annotations
 
+import ipaddress
+import re
 from typing import Any
 
 GATE_CLUSTER = "llm_gate"
@@ -19,7 +21,11 @@ EARLY_HEADER_MUTATION = (
 )
 CEL_FILTER = "type.googleapis.com/envoy.extensions.access_loggers.filters.cel.v3.ExpressionFilter"
 BUFFER_LIMIT = 1_048_576  # matches validation.max_body_bytes
-GATED_PATHS = ("/v1/chat/completions", "/v1/completions")  # the gate's server.handled_paths
+GATED_PATHS = ("/v1/chat/completions", "/v1/completions")  # the gate's routing.handled_paths
+# The only other requests that reach a pool, untouched by the gate (routing.passthrough):
+# everything else a model server offers (/v1/embeddings, /v1/responses, /tokenize, /metrics,
+# ...) would skip the gate's limits, admission and cache, so Envoy answers it with a JSON 404.
+PASSTHROUGH = (("GET", "/v1/models"), ("GET", "/health"))
 # Streams to the gate: every request holds one for its whole life, queued or answering.
 # The pools take 1,024 each (their circuit breakers) and the admission queues hold the rest.
 GATE_STREAMS = 8192
@@ -47,6 +53,22 @@ def endpoints(addresses: list[tuple[str, int]]) -> dict[str, Any]:
             }
         ]
     }
+
+
+def discovery(addresses: list[tuple[str, int]]) -> dict[str, Any]:
+    """STATIC for IP addresses; STRICT_DNS when a host is a name, so a headless Service's name
+    yields one endpoint per pod, re-resolved as pods come and go."""
+    if all(_is_ip(host) for host, _ in addresses):
+        return {"type": "STATIC"}
+    return {"type": "STRICT_DNS", "dns_refresh_rate": "5s", "respect_dns_ttl": True}
+
+
+def _is_ip(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
 
 
 def gate_http2() -> dict[str, Any]:
@@ -100,7 +122,7 @@ def gate_cluster(gate: list[tuple[str, int]], streams: int = GATE_STREAMS) -> di
     """The gate speaks gRPC: the cluster MUST be HTTP/2 (validate mode does not catch it)."""
     return {
         "name": GATE_CLUSTER,
-        "type": "STATIC",
+        **discovery(gate),
         "connect_timeout": "0.25s",
         "lb_policy": "LEAST_REQUEST",
         "typed_extension_protocol_options": gate_http2(),
@@ -109,6 +131,26 @@ def gate_cluster(gate: list[tuple[str, int]], streams: int = GATE_STREAMS) -> di
         "outlier_detection": gate_outlier_detection(),
         "load_assignment": {"cluster_name": GATE_CLUSTER, **endpoints(gate)},
     }
+
+
+def path_normalization() -> dict[str, Any]:
+    """HTTP connection manager settings: the path every filter and route sees is canonical.
+
+    `/v1/./chat/completions` and `//v1/chat/completions` become `/v1/chat/completions`; a path
+    with an escaped slash (`%2F`, `%5C`) is answered with a redirect to its unescaped form, so
+    the gate and the routes only ever match one spelling of a path. (Routes match exact paths
+    anyway: any other spelling finds no route and gets the JSON 404.)
+    """
+    return {
+        "normalize_path": True,
+        "merge_slashes": True,
+        "path_with_escaped_slashes_action": "UNESCAPE_AND_REDIRECT",
+    }
+
+
+def exact_paths_regex(paths: tuple[str, ...]) -> str:
+    """A RE2 regex that matches exactly these paths (Envoy matches it against the whole path)."""
+    return "|".join(re.escape(p) for p in paths)
 
 
 def strip_gate_headers() -> list[dict[str, Any]]:
@@ -231,6 +273,14 @@ def local_reply_mappers() -> list[dict[str, Any]]:
     overflow = (
         "The gate is at its limit of concurrent requests; retry shortly. Request id " + REQUEST_ID + "."
     )
+    served = ", ".join(f"POST {p}" for p in GATED_PATHS) + " and " + ", ".join(
+        f"{m} {p}" for m, p in PASSTHROUGH
+    )
+    no_route = f"This endpoint is not served here; the gateway serves {served}. Request id {REQUEST_ID}."
+    bad_path = (
+        "The request path could not be normalised (an escaped control character, a fragment, or"
+        " another form without one meaning); send the plain path, e.g. /v1/chat/completions."
+    )
     gate_failed = (
         "The gate could not check this request (%RESPONSE_CODE_DETAILS%). Request id " + REQUEST_ID + "."
     )
@@ -246,6 +296,18 @@ def local_reply_mappers() -> list[dict[str, Any]]:
             "filter": _cel(EXT_PROC_FAILED),
             "headers_to_add": ID_HEADER,
             "body_format_override": _openai_error(gate_failed, "server_error", "gate_unavailable"),
+        },
+        {
+            # A path with no single meaning (an escaped NUL, a fragment): refused before routing.
+            "filter": _cel("response.code_details == 'path_normalization_failed' && response.code == 400"),
+            "headers_to_add": [*ID_HEADER, {"header": {"key": "x-should-retry", "value": "false"}}],
+            "body_format_override": _openai_error(bad_path, "invalid_request_error", "invalid_path"),
+        },
+        {
+            # No route: a path (or method) outside the gate's paths and the allow-list.
+            "filter": {"response_flag_filter": {"flags": ["NR"]}},
+            "headers_to_add": [*ID_HEADER, {"header": {"key": "x-should-retry", "value": "false"}}],
+            "body_format_override": _openai_error(no_route, "invalid_request_error", "not_found"),
         },
         {
             "filter": {"response_flag_filter": {}},

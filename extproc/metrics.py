@@ -111,7 +111,8 @@ class Metrics:
             registry=r,
         )
         self.config_reloads = Counter(
-            "gate_config_reloads", "SIGHUP reloads: done, or refused (the file was not valid).",
+            "gate_config_reloads",
+            "Config reloads: done, refused (an invalid file), or failed (its services could not be built).",
             ["result"], registry=r,
         )
         self.streams_active = Gauge("gate_streams_active", "Open ext_proc streams.", registry=r)
@@ -349,7 +350,9 @@ class Metrics:
             registry=r,
         )
         self.token_budget = Counter(
-            "gate_token_budget", "Token budget decisions: allowed, limited, skipped.", ["result"], registry=r
+            "gate_token_budget",
+            "Token budget decisions: allowed, limited, skipped or unavailable (store down).",
+            ["result"], registry=r,
         )
 
     def serve(self, port: int, host: str = "127.0.0.1") -> None:

@@ -37,6 +37,7 @@ class Pipeline:
         self.stages = stages
         self.config = config
         self.handled_paths = frozenset(config.routing.handled_paths)
+        self.passthrough = frozenset(tuple(e.split()) for e in config.routing.passthrough)
         self.metrics = metrics
         self.services = services  # closed with the pipeline
         self.tracing = services.tracing if services is not None else Tracing()
@@ -56,6 +57,10 @@ class Pipeline:
 
     def handles(self, path: str) -> bool:
         return path.split("?", 1)[0] in self.handled_paths
+
+    def passes(self, method: str, path: str) -> bool:
+        """Whether a request the gate does not handle may go to a model server untouched."""
+        return (method, path.split("?", 1)[0]) in self.passthrough
 
     def longer_timeout_s(self, ex: Exchange) -> float | None:
         """How long Envoy should wait for this request's answer, when longer than its
@@ -93,10 +98,10 @@ class Pipeline:
         for stage in reversed(self._hooks["on_done"]):
             await self._call(stage, "on_done", stage.on_done(ex))
 
-    def start(self) -> None:
+    async def start(self) -> None:
         """Start the services' background loops (in the running event loop)."""
         if self.services is not None:
-            self.services.start()
+            await self.services.start()
 
     async def aclose(self) -> None:
         """Retire the pipeline: the services it was built on stop and close."""

@@ -21,8 +21,10 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 
 from .config import ServerTLS
+from .errors import SHOULD_RETRY, error_reply
 from .exchange import Exchange, Reply, new_id, split_gate_headers
 from .pipeline import Pipeline
+from .tasks import Tasks
 from .tls import bind
 from .wire import Continue, continue_response, header_map, immediate_response, override_timeout
 
@@ -102,6 +104,10 @@ class Session:
             return await self._request_headers(request.request_headers)
         if phase == "request_body":
             return await self._request_body(request.request_body)
+        if self.ex is None and phase in ("response_headers", "response_body"):
+            # Envoy's own reply to a request no filter saw (a path it redirected or refused
+            # while normalising it): nothing of it is the gate's.
+            return continue_response(phase, Continue())
         if phase == "response_headers":
             return await self._response_headers(request.response_headers)
         if phase == "response_body":
@@ -123,6 +129,8 @@ class Session:
             request_id=request_id(headers),
         )
         if not self.pipeline.handles(ex.path):
+            if not self.pipeline.passes(ex.method, ex.path):
+                return self._not_found(ex)
             ex.decision = "passthrough"
             remove = stripped + [h for h in CREDENTIALS if h in headers]
             return continue_response(
@@ -174,42 +182,74 @@ class Session:
         self.answered = True
         return immediate_response(Reply(reply.status, reply.body, headers, reply.decision))
 
+    def _not_found(self, ex: Exchange) -> pb.ProcessingResponse:
+        """A path the gate neither handles nor lets through: nothing of it reaches a model."""
+        reply = error_reply(
+            404,
+            f"{ex.method} {ex.path.split('?', 1)[0][:200]} is not served here. This gateway serves "
+            + ", ".join(f"POST {p}" for p in sorted(self.pipeline.handled_paths))
+            + " and "
+            + ", ".join(" ".join(e) for e in sorted(self.pipeline.passthrough))
+            + f". Request id {ex.request_id}.",
+            code="not_found",
+            headers={
+                SHOULD_RETRY: "false",
+                REQUEST_ID_HEADER: ex.request_id,
+                CLIENT_REQUEST_ID: ex.request_id,
+            },
+            decision="not_found",
+        )
+        ex.decision, ex.status = reply.decision, reply.status
+        self.answered = True
+        return immediate_response(reply)
+
     def _exchange(self) -> Exchange:
         if self.ex is None:
             raise ProtocolError("a body or response arrived before the request headers")
         return self.ex
 
     async def close(self) -> None:
-        self.pipeline.active -= 1
-        ex = self.ex
-        if ex is None:
-            return
-        metrics = self.pipeline.metrics
-        if ex.decision != "passthrough":
-            metrics.added_latency.observe(self.busy)
-            status = str(ex.status) if ex.status is not None else "none"
-            metrics.requests.labels(ex.route_path, ex.decision, status).inc()
-            await self.pipeline.on_done(ex)
-            self.pipeline.log_request(ex, self.busy)
+        """The end of the exchange; the pipeline counts the stream open until its `on_done`
+        ran, so a reload never closes services a finishing request still uses."""
+        try:
+            ex = self.ex
+            if ex is None:
+                return
+            metrics = self.pipeline.metrics
+            if ex.decision == "not_found":
+                metrics.requests.labels("other", ex.decision, "404").inc()
+            elif ex.decision != "passthrough":
+                metrics.added_latency.observe(self.busy)
+                status = str(ex.status) if ex.status is not None else "none"
+                metrics.requests.labels(ex.route_path, ex.decision, status).inc()
+                await self.pipeline.on_done(ex)
+                self.pipeline.log_request(ex, self.busy)
+        finally:
+            self.pipeline.active -= 1
 
 
 class ProtocolError(Exception):
     pass
 
 
+class ListenError(OSError):
+    """The gate's port is taken: restarting will not help."""
+
+
 class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
     def __init__(self, pipeline: Pipeline) -> None:
         self.pipeline = pipeline
-        self._background: set[asyncio.Task[None]] = set()  # retiring pipelines, ending exchanges
+        self.tasks = Tasks(pipeline.metrics)  # retiring pipelines, ending exchanges
 
     def swap(self, pipeline: Pipeline) -> None:
         """New streams use `pipeline`; open ones finish on the old, which closes after them."""
         old, self.pipeline = self.pipeline, pipeline
-        self._keep(asyncio.get_running_loop().create_task(retire(old)))
+        self.tasks.spawn(retire(old), "retire_pipeline")
 
-    def _keep(self, task: asyncio.Task[None]) -> None:
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
+    async def aclose(self, wait_s: float) -> None:
+        """At shutdown, after the server stopped: let the streams' ends run, then close."""
+        await self.tasks.aclose(wait_s)
+        await self.pipeline.aclose()
 
     async def Process(  # noqa: N802 - the gRPC method name
         self, request_iterator: AsyncIterator[pb.ProcessingRequest], context: grpc.aio.ServicerContext
@@ -242,7 +282,7 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
             # closed) with it: an await here could be cut short, and with it the slot's
             # release, the lease's hand-back and the access line. The end of the exchange runs
             # as its own task, which nothing cancels.
-            self._keep(asyncio.get_running_loop().create_task(session.close()))
+            self.tasks.spawn(session.close(), "stream_end")
 
 
 async def retire(pipeline: Pipeline, poll_s: float = 0.1, limit_s: float = 600.0) -> None:
@@ -274,9 +314,12 @@ async def start_server(
     pb_grpc.add_ExternalProcessorServicer_to_server(processor, server)
     health_servicer = health_aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    bound = bind(server, f"{host}:{port}", tls)
+    try:
+        bound = bind(server, f"{host}:{port}", tls)
+    except RuntimeError:  # grpc's "Failed to bind to address"
+        bound = 0
     if bound == 0:
-        raise OSError(f"cannot listen on {host}:{port}")
+        raise ListenError(f"cannot listen on {host}:{port} (in use by another process?)")
     await server.start()
     await _set_health(health_servicer, health_pb2.HealthCheckResponse.NOT_SERVING)
     return Running(server, bound, health_servicer, processor)
@@ -289,3 +332,8 @@ async def _set_health(servicer: health_aio.HealthServicer, status: int) -> None:
 
 async def mark_serving(servicer: health_aio.HealthServicer) -> None:
     await _set_health(servicer, health_pb2.HealthCheckResponse.SERVING)
+
+
+async def mark_draining(servicer: health_aio.HealthServicer) -> None:
+    """Still answering every stream, but asking the proxies to send new ones elsewhere."""
+    await _set_health(servicer, health_pb2.HealthCheckResponse.NOT_SERVING)

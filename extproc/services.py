@@ -22,6 +22,7 @@ from .metrics import Metrics
 from .ratelimit.store import LimitStore
 from .ratelimit.store import MemoryStore as MemoryLimits
 from .ratelimit.store import RedisStore as RedisLimits
+from .redis_client import Client
 from .redis_conn import StoreGuard, connect
 from .scheduler.budget import BudgetStore, MemoryBudgets, RedisBudgets
 from .scheduler.pools import Pools
@@ -45,6 +46,7 @@ class Services:
     matchers: Matchers
     selfcheck: SelfCheck | None  # cache.semantic.self_check; None when off
     breakers: Breakers
+    breaker_client: Client | None  # the breaker's own client, closed with the rest
     pools: Pools
     tracing: Tracing
 
@@ -58,8 +60,9 @@ class Services:
         answers = answer_store(redis, config.store.topology if c.enabled else None)
         # The breaker's sync loop is off the request path: its own client, a looser time box.
         breaker_store = config.store.model_copy(update={"op_timeout_ms": config.breaker.sync_timeout_ms})
-        breakers = Breakers(config.breaker, config.routing.pools, metrics, connect(breaker_store))
-        pools = Pools(config.admission, metrics, config.server.workers)
+        breaker_client = connect(breaker_store)
+        breakers = Breakers(config.breaker, config.routing.pools, metrics, breaker_client, tasks=tasks)
+        pools = Pools(config.admission, metrics, config.server.workers, names=list(config.routing.pools))
         # The seed's adaptive limit: a pool slowing down under load gets fewer slots.
         breakers.subscribe(AdaptiveLimit(config.breaker, pools.set_capacity_factor))
         prefix = config.ratelimit.key_prefix
@@ -83,21 +86,25 @@ class Services:
             ),
             selfcheck=selfcheck,
             breakers=breakers,
+            breaker_client=breaker_client,
             pools=pools,
             tracing=Tracing.create(config.server.tracing),
         )
 
-    def start(self) -> None:
-        """Start the background loops in the running event loop."""
+    async def start(self) -> None:
+        """Start every background loop in the running event loop, before any request: no
+        service is started from a request's path."""
         if self.breakers.config.enabled:
             self.breakers.start()
         self.leases.start()
+        await self.pools.start()
 
     async def aclose(self) -> None:
         """Stop every background task and close every client, whatever fails on the way."""
         for name, close in (
             ("tasks", self.tasks.aclose),
             ("breakers", self.breakers.close),
+            ("breaker client", self._close_breaker_client),
             ("pools", self.pools.aclose),
             ("matchers", self.matchers.aclose),
             ("store", self.store.aclose),
@@ -108,6 +115,11 @@ class Services:
                 await close()
             except Exception:
                 log.exception("closing %s failed", name)
+
+
+    async def _close_breaker_client(self) -> None:
+        if self.breaker_client is not None:
+            await self.breaker_client.aclose()
 
 
 def _async(close: Callable[[], None]) -> Callable[[], Awaitable[None]]:

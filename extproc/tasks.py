@@ -15,6 +15,8 @@ from typing import Any
 from .metrics import Metrics
 
 log = logging.getLogger("llm_gate.tasks")
+CANCEL_ROUNDS = 20
+CANCEL_WAIT_S = 0.25
 
 
 class Tasks:
@@ -40,10 +42,28 @@ class Tasks:
     def __len__(self) -> int:
         return len(self._running)
 
-    async def aclose(self) -> None:
+    async def wait(self, timeout_s: float) -> None:
+        """Until the running tasks end by themselves, at most `timeout_s`."""
+        if self._running:
+            await asyncio.wait(list(self._running), timeout=timeout_s)
+
+    async def aclose(self, wait_s: float = 0.0) -> None:
+        """Give the running tasks `wait_s` to finish, then cancel the rest and wait for them."""
         running = list(self._running)
+        if running and wait_s > 0:
+            await asyncio.wait(running, timeout=wait_s)
+        # A cancellation that lands as an `asyncio.timeout` inside the task expires is taken
+        # for that time-out (Python 3.11): cancel again until every task has ended.
+        for _ in range(CANCEL_ROUNDS):
+            pending = [task for task in running if not task.done()]
+            if not pending:
+                break
+            for task in pending:
+                task.cancel()
+            await asyncio.wait(pending, timeout=CANCEL_WAIT_S)
         for task in running:
-            task.cancel()
-        for task in running:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+            if task.done():
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    task.result()
+            else:
+                log.error("background task %s did not stop", task.get_name())

@@ -32,7 +32,7 @@ from extproc import envoy_config
 from extproc.embed.batching import default_threads, default_workers
 
 from .prose import lua_document
-from .stack import LOOPBACK, envoy_command, free_port, free_ports, wait_http, wait_port
+from .stack import LOOPBACK, envoy_command, exit_on_sigterm, free_port, free_ports, wait_http, wait_port
 
 RESULTS = Path(__file__).parent / "results" / "bench_gate.md"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -600,6 +600,7 @@ def report(rows: list[tuple[Variant, dict[str, float]]], args: argparse.Namespac
 
 
 def main(argv: list[str] | None = None) -> int:
+    exit_on_sigterm()  # a time-out or Ctrl-C unwinds: every Envoy and gate it started stops
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )

@@ -94,7 +94,7 @@ async def measure(
 ) -> float:
     """CPU µs per request, the best of `repeat` runs (it filters out time lent elsewhere)."""
     pipeline = build_pipeline(Config.model_validate(config), Metrics())
-    pipeline.start()
+    await pipeline.start()
     try:
         for i in range(200):  # warm up: imports, caches, the first store entry
             await one_request(Session(pipeline), body_message("request_body", chat(questions(i))))

@@ -91,7 +91,7 @@ async def stalls(
     and in wall time."""
     pipeline = build_pipeline(parse_config(yaml.safe_dump(config)), Metrics())
     assert pipeline.services is not None
-    pipeline.services.start()
+    await pipeline.services.start()
     cpu_gaps: list[float] = []
     wall_gaps: list[float] = []
     running = True

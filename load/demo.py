@@ -302,7 +302,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port", type=int, default=10000, help="Envoy's port with --keep")
     args = parser.parse_args(argv)
     with_redis = shutil.which("redis-server") is not None
-    stack = Stack(gate_config=DEMO_CONFIG, gate_workers=2, with_redis=with_redis, sim_args=["--itl-ms", "10"])
+    stack = Stack(
+        gate_config=DEMO_CONFIG, gate_workers=2, with_redis=with_redis, sim_args=["--itl-ms", "10"],
+        keep_workdir=True,
+    )
     if args.keep:
         stack.envoy_port, stack.admin_port = args.port, 9901
         stack.pool_ports = {"primary": 8001, "fallback": 8002}

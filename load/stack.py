@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from dataclasses import dataclass, field
@@ -179,6 +180,8 @@ class Stack:
     pool_ports: dict[str, int] = field(default_factory=dict)
     gate_ports: list[int] = field(default_factory=list)
     metrics_ports: list[int] = field(default_factory=list)
+    # Keep the folder of logs and configs after `close` (the demo prints where it is).
+    keep_workdir: bool = False
 
     @property
     def url(self) -> str:
@@ -196,6 +199,7 @@ class Stack:
         return proc
 
     def start(self) -> Stack:
+        exit_on_sigterm()
         try:
             if self.with_redis:
                 self.start_redis()
@@ -248,6 +252,7 @@ class Stack:
                     "workers": self.gate_workers,
                     "metrics_port": self.metrics_ports[0],
                     "grace_seconds": 1,
+                    "drain_seconds": 0,  # tests stop stacks at once; the rollout drill drains
                 }
             },
             self.gate_config,
@@ -330,6 +335,8 @@ class Stack:
     def close(self) -> None:
         for name in reversed(list(self.procs)):
             self._stop(name)
+        if not self.keep_workdir:
+            shutil.rmtree(self.workdir, ignore_errors=True)
 
     def log(self, name: str) -> str:
         path = self.workdir / f"{name}.log"
@@ -340,6 +347,17 @@ class Stack:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def exit_on_sigterm() -> None:
+    """SIGTERM (a time-out, a runner stopping the command) unwinds like Ctrl-C: every `with`
+    and `finally` runs, so no child process outlives the command that started it."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _exit)
+
+
+def _exit(signum: int, _frame: object) -> None:
+    raise SystemExit(128 + signum)
 
 
 def _listening_pids() -> dict[int, int]:

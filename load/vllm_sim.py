@@ -64,6 +64,7 @@ _TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.7
                  5.0, 10.0)
 _E2E_BUCKETS = (0.05, 0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 60.0)
 _MAX_IDS = 500_000  # service times kept by x-load-id
+_MAX_ARRIVALS = 10_000  # arrivals kept (for tests that look for requests around the gate)
 _TUNABLE = ("base_ttft_ms", "per_prompt_token_ms", "itl_ms", "batch_slowdown", "max_num_seqs",
             "kv_cache_tokens")
 
@@ -291,6 +292,9 @@ class SimState:
         self.service_ms: dict[str, float] = {}  # by the x-load-id request header
         self.max_service_ms = 0.0
         self.metrics = Metrics(self)
+        # Every request that reached this server, on any path: (method, path, routed by the
+        # gate). A request without the gate's `x-gate-cluster` came around the gate.
+        self.arrivals: list[tuple[str, str, bool]] = []
 
     def record_service(self, load_id: str, ms: float) -> None:
         self.max_service_ms = max(self.max_service_ms, ms)
@@ -634,6 +638,21 @@ async def admin_reset(request: web.Request) -> web.Response:
     return _json(request.app[STATE].snapshot())
 
 
+async def admin_arrivals(request: web.Request) -> web.Response:
+    arrivals = request.app[STATE].arrivals
+    return _json({"arrivals": [{"method": m, "path": p, "gated": g} for m, p, g in arrivals]})
+
+
+@web.middleware
+async def _record_arrival(request: web.Request, handler: Any) -> web.StreamResponse:
+    if request.path != "/admin/arrivals":
+        arrivals = request.app[STATE].arrivals
+        if len(arrivals) < _MAX_ARRIVALS:
+            arrivals.append((request.method, request.raw_path, "x-gate-cluster" in request.headers))
+    response: web.StreamResponse = await handler(request)
+    return response
+
+
 async def _name_every_response(request: web.Request, response: web.StreamResponse) -> None:
     """Errors too carry `x-sim-name`: a client can tell a model server's answer from the gate's."""
     name = request.app[STATE].cfg.name
@@ -642,7 +661,7 @@ async def _name_every_response(request: web.Request, response: web.StreamRespons
 
 
 def create_app(config: SimConfig | None = None) -> web.Application:
-    app = web.Application(client_max_size=64 * 1024 * 1024)
+    app = web.Application(client_max_size=64 * 1024 * 1024, middlewares=[_record_arrival])
     cfg = dataclasses.replace(config or SimConfig())
     cfg.models = list(cfg.models)
     app[STATE] = SimState(cfg)
@@ -653,6 +672,7 @@ def create_app(config: SimConfig | None = None) -> web.Application:
     app.router.add_get("/health", health)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/admin/state", admin_state)
+    app.router.add_get("/admin/arrivals", admin_arrivals)
     app.router.add_get("/admin/served", admin_served)
     app.router.add_post("/admin/faults", admin_faults)
     app.router.add_post("/admin/config", admin_config)

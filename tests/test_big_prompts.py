@@ -121,7 +121,9 @@ def test_exact_key_of_a_huge_prompt_ignores_case_and_spacing_without_the_rich_fo
 @contextlib.asynccontextmanager
 async def gate(section: str = "") -> AsyncIterator[pb_grpc.ExternalProcessorStub]:
     config = parse_config(section)
-    running = await start_server(build_pipeline(config, Metrics()), "127.0.0.1", 0, max_message_bytes(config))
+    pipeline = build_pipeline(config, Metrics())
+    await pipeline.start()
+    running = await start_server(pipeline, "127.0.0.1", 0, max_message_bytes(config))
     await mark_serving(running.health)
     try:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{running.port}") as channel:

@@ -149,7 +149,10 @@ def test_istio_routing_matches_every_default_pool_and_the_envoy_protection() -> 
         m["headers"]["x-gate-cluster"]["exact"] for r in routes for m in r.get("match", []) if "headers" in m
     }
     assert matched == {pool.cluster for pool in Routing().pools.values()}
-    assert "match" not in service["spec"]["http"][-1]  # pass-through paths have a default route
+    # Only the allow-list passes untouched; no route catches every other path.
+    assert all(r.get("match") for r in service["spec"]["http"])
+    allowed = {(m["method"]["exact"], m["uri"]["exact"]) for m in service["spec"]["http"][-1]["match"]}
+    assert allowed == {tuple(e.split()) for e in Routing().passthrough}
     envoy = yaml.safe_load((REPO / "envoy/envoy.yaml").read_text())
     primary = next(c for c in envoy["static_resources"]["clusters"] if c["name"] == "primary")
     outlier = primary["outlier_detection"]
@@ -157,3 +160,24 @@ def test_istio_routing_matches_every_default_pool_and_the_envoy_protection() -> 
         od = rule["spec"]["trafficPolicy"]["outlierDetection"]
         assert od["consecutive5xxErrors"] == outlier["consecutive_5xx"]
         assert od["consecutiveGatewayErrors"] == outlier["consecutive_gateway_failure"]
+
+
+def test_a_hostname_makes_a_dns_cluster_that_envoy_accepts(tmp_path: Path) -> None:
+    """A headless Service's name: STRICT_DNS, one endpoint per pod; addresses stay STATIC."""
+    out = tmp_path / "envoy.yaml"
+    assert envoy_config.main([
+        "--gate", "llm-gate-headless.llm-gate.svc.cluster.local:50051",
+        "--pool", "primary=vllm-primary.llm.svc.cluster.local:8000",
+        "--pool", "fallback=127.0.0.1:8002",
+        "--out", str(out),
+    ]) == 0
+    import yaml
+
+    clusters = {c["name"]: c for c in yaml.safe_load(out.read_text())["static_resources"]["clusters"]}
+    assert clusters["llm_gate"]["type"] == clusters["primary"]["type"] == "STRICT_DNS"
+    assert clusters["fallback"]["type"] == "STATIC"
+    result = subprocess.run(
+        [envoy_binary(), "--mode", "validate", "-c", str(out), "--use-dynamic-base-id"],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]

@@ -42,7 +42,9 @@ GOOD = orjson.dumps({"model": "phi-3", "messages": [{"role": "user", "content": 
 @pytest.fixture
 async def stub() -> AsyncIterator[pb_grpc.ExternalProcessorStub]:
     metrics = Metrics()
-    running = await start_server(build_pipeline(Config(), metrics), "127.0.0.1", 0, 2 << 20)
+    pipeline = build_pipeline(Config(), metrics)
+    await pipeline.start()
+    running = await start_server(pipeline, "127.0.0.1", 0, 2 << 20)
     server, port, health = running.server, running.port, running.health
     async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
         check = health_pb2_grpc.HealthStub(channel)
@@ -113,6 +115,34 @@ async def test_unhandled_path_passes_through_with_mode_override(stub: pb_grpc.Ex
     assert list(reply.request_headers.response.header_mutation.remove_headers) == ["x-gate-x"]
 
 
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [
+        ("POST", "/v1/embeddings"),
+        ("GET", "/metrics"),
+        ("POST", "/v1/models"),
+        ("POST", "//v1/chat/completions"),
+    ],
+)
+async def test_a_path_neither_handled_nor_allowed_is_refused_404(
+    stub: pb_grpc.ExternalProcessorStub, method: str, path: str
+) -> None:
+    """Behind an Envoy whose own routes would let it through, the gate still refuses it."""
+    (reply,) = await exchange(stub, headers({":method": method, ":path": path}))
+    assert reply.immediate_response.status.code == 404
+    error = orjson.loads(reply.immediate_response.body)["error"]
+    assert error["code"] == "not_found" and "POST /v1/chat/completions" in error["message"]
+
+
+async def test_envoys_own_reply_to_a_request_no_filter_saw_passes_untouched(
+    stub: pb_grpc.ExternalProcessorStub,
+) -> None:
+    """E.g. the redirect of a path with an escaped slash: response headers with no request."""
+    (reply,) = await exchange(stub, response_headers(307))
+    assert reply.HasField("response_headers")
+    assert not reply.response_headers.response.header_mutation.set_headers
+
+
 async def test_body_before_headers_is_a_protocol_error(stub: pb_grpc.ExternalProcessorStub) -> None:
     call = stub.Process()
     await call.write(body(GOOD))
@@ -127,7 +157,9 @@ async def test_with_every_optional_stage_off_a_pools_5xx_still_says_do_not_retry
     off = {"enabled": False}
     config = Config.model_validate({"ratelimit": off, "breaker": off, "cache": off, "admission": off})
     metrics = Metrics()
-    running = await start_server(build_pipeline(config, metrics), "127.0.0.1", 0, 2 << 20)
+    pipeline = build_pipeline(config, metrics)
+    await pipeline.start()
+    running = await start_server(pipeline, "127.0.0.1", 0, 2 << 20)
     try:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{running.port}") as channel:
             stub = pb_grpc.ExternalProcessorStub(channel)

@@ -28,6 +28,7 @@ from ..config import Breaker as BreakerConfig
 from ..metrics import Metrics
 from ..redis_client import Client
 from ..redis_conn import timeboxed
+from ..tasks import Tasks
 from . import shared
 from .state import GAUGE, BreakerState, Evaluate, Phase, next_state, use_primary
 from .webhook import Notifier
@@ -87,6 +88,7 @@ class Breakers:
         clock: Callable[[], float] = time.time,
         draw: Callable[[], float] = random.random,
         notifier: Notifier | None = None,
+        tasks: Tasks | None = None,
     ) -> None:
         self.config = config
         self.metrics = metrics
@@ -102,6 +104,7 @@ class Breakers:
         self.pools = {name: PoolBreaker(config, now) for name in pools}
         self.subscribers: list[Subscriber] = []
         self.identity = f"{socket.gethostname()}:{os.getpid()}"
+        self.tasks = tasks if tasks is not None else Tasks(metrics)
         self._task: asyncio.Task[None] | None = None
         for name, pb in self.pools.items():
             metrics.breaker_state.labels(name).set(GAUGE[pb.state.phase])
@@ -150,7 +153,7 @@ class Breakers:
     def start(self) -> None:
         """Start the sync loop in the running event loop (once)."""
         if self._task is None or self._task.done():
-            self._task = asyncio.get_running_loop().create_task(self.run())
+            self._task = self.tasks.spawn(self.run(), "breaker_sync")
 
     async def run(self) -> None:
         while True:

@@ -13,6 +13,7 @@ import orjson
 
 from ..config import Webhook
 from ..metrics import Metrics
+from ..tasks import Tasks
 
 log = logging.getLogger("llm_gate.breaker.webhook")
 
@@ -29,7 +30,7 @@ class Notifier:
         self.config = config
         self.metrics = metrics
         self.draw = draw
-        self.tasks: set[asyncio.Task[bool]] = set()
+        self.tasks = Tasks(metrics)
         self._session: aiohttp.ClientSession | None = None
 
     def notify(self, payload: dict[str, Any]) -> None:
@@ -37,9 +38,7 @@ class Notifier:
         if len(self.tasks) >= MAX_IN_FLIGHT:
             self.metrics.breaker_webhooks.labels("dropped").inc()
             return
-        task = asyncio.get_running_loop().create_task(self.deliver(payload))
-        self.tasks.add(task)
-        task.add_done_callback(self.tasks.discard)
+        self.tasks.spawn(self.deliver(payload), "breaker_webhook")
 
     async def deliver(self, payload: dict[str, Any]) -> bool:
         body = orjson.dumps(payload)
@@ -71,9 +70,6 @@ class Notifier:
 
     async def close(self, wait_s: float = 1.0) -> None:
         """Give the notices in flight a moment, then cancel the rest."""
-        if self.tasks:
-            await asyncio.wait(list(self.tasks), timeout=wait_s)
-        for task in list(self.tasks):
-            task.cancel()
+        await self.tasks.aclose(wait_s)
         if self._session is not None:
             await self._session.close()

@@ -111,10 +111,26 @@ class Leases:
         local = _Local(asyncio.get_running_loop().create_future(), scope, key)
         self.local[slot] = local
         token = new_id()
-        lookup = self.store.lookup(scope, key, token, self.lease_ms)
+        try:
+            return await self._speak(slot, local, token, coalesced, deadline, started)
+        except BaseException:
+            # Cancelled (the client went away, Envoy reset the stream) while this request
+            # spoke for the process: the waiters here take over, and a lease the store may
+            # have given it is handed back. Nothing it registered outlives it.
+            if local.token is None:
+                self._abandon(scope, key, token)
+                self._settle(slot, local, None)
+                self._observe("cancelled", started)
+            raise
+
+    async def _speak(
+        self, slot: str, local: _Local, token: str, coalesced: bool, deadline: float, started: float
+    ) -> Claim:
+        """This process's lookup for `local`'s key: a hit, the lead, or a wait for a leader."""
+        lookup = self.store.lookup(local.scope, local.key, token, self.lease_ms)
         found = await self._run(lookup, None, "cache_lookup")
         if found is None:
-            self._abandon(scope, key, token)
+            self._abandon(local.scope, local.key, token)
             self._settle(slot, local, None)
             return Claim("unavailable")
         if found.role == "hit":

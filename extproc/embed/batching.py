@@ -56,11 +56,47 @@ def name_native_thread(name: str) -> None:
         libc.prctl(15, name.encode()[:15], 0, 0, 0)  # PR_SET_NAME
 
 
-def available_cores() -> int:
+def quota_cores(cpu_max: str | None, cfs_quota_us: str | None, cfs_period_us: str | None) -> int | None:
+    """The CPUs a cgroup's quota allows, rounded up (a pod's `resources.limits.cpu`): from
+    cgroup v2's `cpu.max` ("200000 100000", or "max 100000" for none) or v1's quota and
+    period; None when there is no quota."""
+    quota = period = None
+    if cpu_max is not None:
+        parts = cpu_max.split()
+        if len(parts) == 2 and parts[0] != "max":
+            quota, period = parts
+    elif cfs_quota_us is not None and cfs_period_us is not None:
+        quota, period = cfs_quota_us.strip(), cfs_period_us.strip()
     try:
-        return max(1, len(os.sched_getaffinity(0)))
+        q, p = int(quota or -1), int(period or 0)
+    except ValueError:
+        return None
+    if q <= 0 or p <= 0:
+        return None
+    return max(1, -(-q // p))
+
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path) as f:
+            return f.read()
+    except OSError:
+        return None
+
+
+def available_cores() -> int:
+    """The cores this process may use: its CPU affinity, capped by its cgroup's CPU quota (in
+    a container the node's cores are not the pod's)."""
+    try:
+        cores = max(1, len(os.sched_getaffinity(0)))
     except AttributeError:  # not on Linux
         return max(1, os.cpu_count() or 1)
+    quota = quota_cores(
+        _read("/sys/fs/cgroup/cpu.max"),
+        _read("/sys/fs/cgroup/cpu/cpu.cfs_quota_us"),
+        _read("/sys/fs/cgroup/cpu/cpu.cfs_period_us"),
+    )
+    return min(cores, quota) if quota is not None else cores
 
 
 def default_workers(cores: int | None = None) -> int:

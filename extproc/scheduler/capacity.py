@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import importlib
 import math
+import socket
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any, Literal, Protocol, cast
@@ -186,20 +187,42 @@ def vllm_reading(settings: Settings, loads: list[VllmLoad], prompt_tokens: float
     )
 
 
-async def read_vllm(session: aiohttp.ClientSession, settings: Settings) -> list[VllmLoad] | None:
-    """Every endpoint's load, or None when any of them cannot be read in time."""
+async def endpoint_urls(settings: Settings) -> list[str]:
+    """The configured /metrics URLs, and one per address the headless Service resolves to."""
+    urls = list(settings.metrics_urls)
+    if settings.metrics_dns:
+        host, _, port = settings.metrics_dns.rpartition(":")
+        try:
+            infos = await asyncio.get_running_loop().getaddrinfo(host, int(port), type=socket.SOCK_STREAM)
+        except (OSError, ValueError):
+            infos = []
+        for address in sorted({str(info[4][0]) for info in infos}):
+            shown = f"[{address}]" if ":" in address else address
+            urls.append(f"http://{shown}:{port}/metrics")
+    return urls
 
-    async def one(url: str) -> VllmLoad:
-        async with session.get(url) as response:
-            response.raise_for_status()
-            return parse_vllm_metrics(await response.text())
+
+async def read_vllm(session: aiohttp.ClientSession, settings: Settings) -> list[VllmLoad] | None:
+    """The load of every endpoint that answered in time; None when none did. An endpoint that
+    is going away does not void the others' readings: the room counted is theirs alone."""
 
     timeout = settings.timeout_ms / 1000
+
+    async def one(url: str) -> VllmLoad | None:
+        try:
+            async with asyncio.timeout(timeout), session.get(url) as response:
+                response.raise_for_status()
+                return parse_vllm_metrics(await response.text())
+        except (aiohttp.ClientError, OSError, ValueError, TimeoutError):
+            return None
+
     try:
         async with asyncio.timeout(timeout):
-            return list(await asyncio.gather(*map(one, settings.metrics_urls)))
-    except (aiohttp.ClientError, OSError, TimeoutError, ValueError):
+            urls = await endpoint_urls(settings)
+    except TimeoutError:
         return None
+    loads = [load for load in await asyncio.gather(*map(one, urls)) if load is not None]
+    return loads or None
 
 
 # -- NVML -----------------------------------------------------------------------------------
@@ -243,7 +266,7 @@ def choose_source(settings: Settings, nvml: Nvml | None) -> Literal["nvml", "vll
         return settings.source
     if settings.nvml_devices and nvml is not None:
         return "nvml"
-    return "vllm" if settings.metrics_urls else "static"
+    return "vllm" if settings.metrics_urls or settings.metrics_dns else "static"
 
 
 class Reader:

@@ -8,12 +8,12 @@ scheduler is back the next request queues again.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 
 import grpc
 
 from ..metrics import Metrics
+from ..tasks import Tasks
 from ..tls import channel_credentials
 from .proto import acquire_request, outcome_of, pb, pb_grpc
 from .queue import Granted, Refused, Ticket
@@ -50,6 +50,7 @@ class RemoteScheduler:
             self.channel = grpc.aio.secure_channel(address, channel_credentials(tls), options=CHANNEL_OPTIONS)
         self.stub = pb_grpc.SchedulerStub(self.channel)  # type: ignore[no-untyped-call]
         self.held: set[str] = set()
+        self.tasks = Tasks(metrics)
         self._renewer: asyncio.Task[None] | None = None
 
     async def acquire(self, ticket: Ticket, prompt_tokens: int, tenant: str) -> Granted | Refused | None:
@@ -83,8 +84,7 @@ class RemoteScheduler:
             self._failed("release", exc)  # the lease will expire on the scheduler's side
 
     def _release_later(self, id: str) -> None:
-        task = asyncio.get_running_loop().create_task(self.release(id))
-        task.add_done_callback(lambda t: t.cancelled() or t.exception())
+        self.tasks.spawn(self.release(id), "scheduler_release")
 
     def _failed(self, op: str, exc: grpc.aio.AioRpcError) -> None:
         code = exc.code().name if exc.code() is not None else "UNKNOWN"
@@ -93,7 +93,7 @@ class RemoteScheduler:
 
     def _start_renewer(self) -> None:
         if self._renewer is None or self._renewer.done():
-            self._renewer = asyncio.get_running_loop().create_task(self._renew_forever())
+            self._renewer = self.tasks.spawn(self._renew_forever(), "scheduler_renew")
 
     async def _renew_forever(self) -> None:
         while True:
@@ -110,8 +110,5 @@ class RemoteScheduler:
             self.held.difference_update(answer.unknown)
 
     async def close(self) -> None:
-        if self._renewer is not None:
-            self._renewer.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._renewer
+        await self.tasks.aclose(wait_s=0.5)  # releases in flight get a moment
         await self.channel.close()

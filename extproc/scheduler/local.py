@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..metrics import Metrics
+from ..tasks import Tasks
 from .capacity import Limit, Reader, Reading, next_limit, scaled
 from .queue import Demoted, Event, Expired, Granted, Policy, Queue, Refused, Ticket
 from .settings import Capacity
@@ -62,23 +63,22 @@ class LocalScheduler:
         self._waiters: dict[str, asyncio.Future[Granted | Refused]] = {}
         self._prompt_tokens = 256.0
         self._wake = asyncio.Event()
-        self._tasks: list[asyncio.Task[None]] = []
+        self._tasks = Tasks(metrics)
+        self._started = False
         self._closed = False
 
     async def start(self) -> None:
-        if not self._tasks:
+        if not self._started:
+            self._started = True
             await self.refresh()
-            self._tasks = [asyncio.create_task(self._timer()), asyncio.create_task(self._refresher())]
+            self._tasks.spawn(self._timer(), f"admission_timer_{self.pool}")
+            self._tasks.spawn(self._refresher(), f"capacity_refresh_{self.pool}")
 
     async def stop(self) -> None:
         self._closed = True
         self._wake.set()
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        self._tasks = []
+        await self._tasks.aclose()
+        self._started = False
         await self.reader.close()
 
     # -- the API the service and the gate call --------------------------------------------

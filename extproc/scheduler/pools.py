@@ -27,7 +27,6 @@ class Embedded:
         self.scheduler = scheduler
 
     async def acquire(self, ticket: Ticket, prompt_tokens: int, tenant: str) -> Granted | Refused | None:
-        await self.scheduler.start()
         return await self.scheduler.acquire(ticket, prompt_tokens)
 
     async def release(self, id: str, tokens_used: int, latency_s: float, ok: bool) -> None:
@@ -35,12 +34,23 @@ class Embedded:
 
 
 class Pools:
-    def __init__(self, settings: Settings, metrics: Metrics, workers: int = 1) -> None:
+    def __init__(
+        self, settings: Settings, metrics: Metrics, workers: int = 1, names: list[str] | None = None
+    ) -> None:
         self.settings = settings
         self.metrics = metrics
         self.workers = workers
+        self.names = names or []  # the pools to start with the process
         self._slots: dict[str, Slots] = {}
         self.embedded: dict[str, LocalScheduler] = {}
+
+    async def start(self) -> None:
+        """Every named pool's queue, its timers and capacity readings running before the first
+        request (a pool first named later starts when it is first asked for)."""
+        for name in self.names:
+            self.slots(name)
+        for local in self.embedded.values():
+            await local.start()
 
     def slots(self, pool: str) -> Slots:
         found = self._slots.get(pool)

@@ -28,9 +28,14 @@ class PromptBand(_Strict):
 
 
 class Capacity(_Strict):
-    # auto: nvml when nvml_devices are listed, vllm when metrics_urls are, static otherwise.
+    # auto: nvml when nvml_devices are listed, vllm when metrics_urls or metrics_dns are,
+    # static otherwise.
     source: Literal["auto", "nvml", "vllm", "static"] = "auto"
     metrics_urls: list[str] = Field(default_factory=list)  # each pool endpoint's /metrics
+    # HOST:PORT of a headless Service in front of the pool's pods: every address it resolves
+    # to is read (http://ADDRESS:PORT/metrics) at each refresh, so pods that come and go are
+    # counted as they are.
+    metrics_dns: str | None = None
     nvml_devices: list[int] = Field(default_factory=list)
     # Memory in use on those GPUs with no request running (weights, runtime): not KV cache.
     nvml_baseline_gb: float = Field(default=0.0, ge=0)
@@ -89,6 +94,10 @@ class TokenBudget(_Strict):
     # reconciled too. Off by default: older vLLM rejects the option, and the client then
     # also gets the final usage chunk (with empty choices) it did not ask for.
     inject_include_usage: bool = False
+    # While the store cannot be reached, budgets are skipped, except on these path prefixes and
+    # for these tiers, which are answered 503 (retry-after: 1).
+    fail_closed_paths: list[str] = Field(default_factory=list)
+    fail_closed_tiers: list[str] = Field(default_factory=list)
 
 
 class Admission(_Strict):

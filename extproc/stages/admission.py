@@ -26,7 +26,7 @@ from ..request import client_timeout_s, estimated_tokens, last_user_text, wants_
 from ..scheduler.pools import Pools, Slots
 from ..scheduler.queue import CLASSES, Refused, Ticket
 from ..scheduler.settings import Admission as Settings
-from .base import Stage
+from .base import Stage, payload_of
 
 if TYPE_CHECKING:
     from ..services import Services
@@ -85,6 +85,8 @@ def overloaded(pool: str, outcome: Refused) -> Reply:
 
 class Admission(Stage):
     name = "admission"
+    fail_closed = False
+    store_down = "not used"  # its queue is in-process or in the scheduler (down: admit unqueued)
 
     def __init__(self, settings: Settings, pools: Pools, metrics: Metrics) -> None:
         self.settings = settings
@@ -99,21 +101,22 @@ class Admission(Stage):
         return self.settings.enabled
 
     async def on_request(self, ex: Exchange) -> Reply | None:
-        if not self.settings.enabled or ex.pool is None or ex.payload is None:
+        if not self.settings.enabled or ex.pool is None:
             return None
+        payload = payload_of(ex)
         s = self.settings
         cls = ex.priority
         ticket = Ticket(
             id=ex.uid,
             cls=cls,
-            urgent=is_urgent(last_user_text(ex.payload), s.urgency_words),
-            tokens=estimated_tokens(ex.payload, ex.prompt_tokens, s.default_max_tokens),
+            urgent=is_urgent(last_user_text(payload), s.urgency_words),
+            tokens=estimated_tokens(payload, ex.prompt_tokens, s.default_max_tokens),
             deadline_s=wait_budget_s(s.deadline_s(cls), ex.headers),
-            answer_by_s=answer_by_s(ex.payload, ex.headers),
+            answer_by_s=answer_by_s(payload, ex.headers),
         )
         if s.pool(ex.pool).preempt_slots:
-            ex.payload["priority"] = CLASSES.index(cls) if cls in CLASSES else len(CLASSES) - 1
-            ex.upstream_body = orjson.dumps(ex.payload)
+            payload["priority"] = CLASSES.index(cls) if cls in CLASSES else len(CLASSES) - 1
+            ex.upstream_body = orjson.dumps(payload)
         slots = self.pools.slots(ex.pool)
         started = time.perf_counter()
         outcome = await slots.acquire(ticket, ex.prompt_tokens, ex.tenant)

@@ -4,12 +4,15 @@ A stage is built one way, `build(config, services)`: its config section plus the
 process's services. It keeps no per-request state of its own (that lives in
 `Exchange.state`), and states its failure policy: a stage that guards the gate
 (`fail_closed`) answers a JSON 500 when it fails unexpectedly; the others are skipped for
-that request and the request goes on.
+that request and the request goes on. Apart from that, each stage declares what it does while
+the shared store (Redis) is down (`store_down`); `extproc.policy` turns both into the table
+the README shows, and a test holds every stage of `app.STAGES` to it.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Self
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Self
 
 from ..exchange import Exchange, Reply
 
@@ -18,9 +21,29 @@ if TYPE_CHECKING:
     from ..services import Services
 
 
+STORE_DOWN = ("not used", "skipped", "skipped, or 503 where configured", "local state only")
+
+
+class MissingPayloadError(RuntimeError):
+    """A stage that needs the validated request found none: a bug upstream of it, met by the
+    stage's failure policy (a fail-closed stage answers 500) rather than waved through."""
+
+
+def payload_of(ex: Exchange) -> dict[str, Any]:
+    if ex.payload is None:
+        raise MissingPayloadError(f"no validated payload on {ex.route_path}")
+    return ex.payload
+
+
+def closed_when_store_down(path: str, tier: str, paths: Sequence[str], tiers: Sequence[str]) -> bool:
+    """Whether a limit answers 503 (instead of being skipped) while the store is down."""
+    return tier in tiers or any(path.startswith(p) for p in paths)
+
+
 class Stage:
     name = "stage"
-    fail_closed = False
+    fail_closed = False  # on its own unexpected error: 500 (True), or skipped for the request
+    store_down = "not used"  # one of STORE_DOWN: what it does while the shared store is down
 
     @classmethod
     def build(cls, config: Config, services: Services) -> Self:

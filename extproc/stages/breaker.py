@@ -24,7 +24,7 @@ from ..config import Config, Routing
 from ..errors import SHOULD_RETRY
 from ..exchange import Exchange, Reply
 from ..request import wants_stream
-from .base import Stage
+from .base import Stage, payload_of
 from .route import Route
 
 if TYPE_CHECKING:
@@ -62,6 +62,8 @@ def measure(call: Call, started: float, done_at: float, stream_signal: str) -> t
 
 class Breaker(Stage):
     name = "breaker"
+    fail_closed = False
+    store_down = "local state only"  # each process decides on its own windows until it is back
 
     def __init__(
         self, breakers: Breakers, routing: Routing, config: BreakerConfig, default_prompt_limit: int
@@ -81,9 +83,9 @@ class Breaker(Stage):
         return self.config.enabled or hook == "on_response"
 
     async def on_request(self, ex: Exchange) -> Reply | None:
-        if not self.config.enabled or ex.pool is None or ex.payload is None:
+        if not self.config.enabled or ex.pool is None:
             return None
-        self.breakers.start()
+        payload = payload_of(ex)
         pool = ex.pool
         choice = self.breakers.choose(pool)
         fallback = self.routing.pools[pool].fallback
@@ -93,7 +95,7 @@ class Breaker(Stage):
             pool, version = fallback, self.breakers.version(fallback)
         else:
             version = choice.version
-        call = ex.state[self.name] = Call(pool, version, wants_stream(ex.payload))
+        call = ex.state[self.name] = Call(pool, version, wants_stream(payload))
         self.breakers.begin(pool, ex.uid, version, lambda: self._waiting(ex, call))
         return None
 

@@ -39,7 +39,7 @@ from ..metrics import Metrics
 from ..redis_conn import StoreGuard
 from ..request import client_timeout_s, wants_stream, wants_usage
 from ..tasks import Tasks
-from .base import Stage
+from .base import Stage, payload_of
 
 if TYPE_CHECKING:
     from ..services import Services
@@ -56,6 +56,8 @@ T = TypeVar("T")
 
 class Cache(Stage):
     name = "cache"
+    fail_closed = False
+    store_down = "skipped"  # no hits, no coalescing: every request goes to the model
 
     def __init__(
         self, config: CacheConfig, store: Store, leases: Leases, guard: StoreGuard, metrics: Metrics,
@@ -104,14 +106,15 @@ class Cache(Stage):
     # ------------------------------------------------------------------ request
 
     async def on_request(self, ex: Exchange) -> Reply | None:
-        if not self.config.enabled or ex.payload is None:
+        if not self.config.enabled:
             return None
-        acc = access(ex.payload, ex.headers, self.config.max_temperature)
+        payload = payload_of(ex)
+        acc = access(payload, ex.headers, self.config.max_temperature)
         if acc.bypass:
             self._outcome(ex, "bypass")
             return None
-        q = question(ex.payload, ex.route_path, ex.tenant, self.config.shared_across_tenants)
-        f = Flight(q, exact_key(q, self.canon), acc, wants_stream(ex.payload), wants_usage(ex.payload))
+        q = question(payload, ex.route_path, ex.tenant, self.config.shared_across_tenants)
+        f = Flight(q, exact_key(q, self.canon), acc, wants_stream(payload), wants_usage(payload))
         ex.state[self.name] = f
         if acc.lookup and f.access.store:
             reply = await self._retry_in_vain(ex, f)

@@ -35,15 +35,18 @@ def lower_tier(tier: str, requested: str | None) -> str:
     return requested if TIERS.index(requested) > TIERS.index(tier) else tier
 
 
-def resolve(config: IdentityConfig, headers: dict[str, str]) -> Caller | None:
-    """The caller for these headers, or None for an unknown key that must be rejected."""
+def resolve(
+    config: IdentityConfig, headers: dict[str, str], keys: dict[str, Caller] | None = None
+) -> Caller | None:
+    """The caller for these headers (`keys`: every configured key, `config.keys()`; default the
+    config file's own), or None for a missing or unknown key that must be rejected."""
     if config.trust_identity_headers and headers.get(config.tenant_header):
         tier = headers.get(config.tier_header, "standard")
         return Caller(tenant=headers[config.tenant_header], tier=tier if tier in TIERS else "standard")
     key = api_key(headers)
     if key is None:
-        return config.anonymous
-    caller = config.api_keys.get(key)
+        return None if config.missing_keys == "reject" else config.anonymous
+    caller = (keys if keys is not None else config.api_keys).get(key)
     if caller is None and config.unknown_keys == "reject":
         return None
     return caller or config.anonymous
@@ -54,22 +57,27 @@ CREDENTIALS = ("authorization", "x-api-key")
 
 class Identity(Stage):
     name = "identity"
+    store_down = "not used"
     fail_closed = True
 
     def __init__(self, config: IdentityConfig) -> None:
         self.config = config
+        self.keys = config.keys()  # read at start and on each reload
 
     @classmethod
     def build(cls, config: Config, services: Services) -> Identity:
         return cls(config.identity)
 
     async def on_headers(self, ex: Exchange) -> Reply | None:
-        caller = resolve(self.config, ex.headers)
+        caller = resolve(self.config, ex.headers, self.keys)
         if caller is None:
+            missing = api_key(ex.headers) is None
             return error_reply(
                 401,
-                "Incorrect API key provided. Check the key or ask the gate's operator for one.",
-                code="invalid_api_key",
+                "This gateway needs an API key: send 'Authorization: Bearer <key>'."
+                if missing
+                else "Incorrect API key provided. Check the key or ask the gate's operator for one.",
+                code="missing_api_key" if missing else "invalid_api_key",
             )
         key = api_key(ex.headers)
         ex.upstream_remove.extend(CREDENTIALS)

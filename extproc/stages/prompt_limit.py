@@ -21,6 +21,7 @@ class Counter(Protocol):
 
 class PromptLimit(Stage):
     name = "prompt_limit"
+    store_down = "not used"
     fail_closed = True
 
     def __init__(self, routing: Routing, default_limit: int, counter: Counter) -> None:

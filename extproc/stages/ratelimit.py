@@ -21,7 +21,7 @@ from ..ratelimit.gcra import US, Decision
 from ..ratelimit.keys import client_ip, plan, prompt_fingerprint
 from ..ratelimit.store import LimitStore
 from ..redis_conn import StoreGuard
-from .base import Stage
+from .base import Stage, closed_when_store_down, payload_of
 
 if TYPE_CHECKING:
     from ..services import Services
@@ -57,6 +57,7 @@ def retry_headers(wait_us: int) -> dict[str, str]:
 class RateLimit(Stage):
     name = "ratelimit"
     fail_closed = True  # a limit that breaks must not let the request through unchecked
+    store_down = "skipped, or 503 where configured"  # ratelimit.fail_closed_paths / _tiers
 
     def __init__(
         self, config: RateLimitConfig, store: LimitStore, metrics: Metrics, guard: StoreGuard
@@ -74,11 +75,12 @@ class RateLimit(Stage):
         return self.config.enabled
 
     async def on_request(self, ex: Exchange) -> Reply | None:
-        if not self.config.enabled or ex.payload is None:
+        if not self.config.enabled:
             return None
+        payload = payload_of(ex)
         ip = client_ip(ex.headers, self.config.trusted_hops)
         # the fingerprint is a pass over the whole prompt: only when the repeat block needs it
-        fingerprint = prompt_fingerprint(ex.payload) if self.config.repeat.enabled else None
+        fingerprint = prompt_fingerprint(payload) if self.config.repeat.enabled else None
         check = plan(self.config, ex, ip, fingerprint)
         if not check.buckets and check.repeat is None:
             return None
@@ -131,7 +133,8 @@ class RateLimit(Stage):
         )
 
     def _store_down(self, ex: Exchange) -> Reply | None:
-        closed = any(ex.route_path.startswith(p) for p in self.config.fail_closed_paths)
+        c = self.config
+        closed = closed_when_store_down(ex.route_path, ex.tier, c.fail_closed_paths, c.fail_closed_tiers)
         result = "unavailable" if closed else "skipped"
         self.metrics.ratelimit_decisions.labels(result, "store", ex.tier).inc()
         if not closed:

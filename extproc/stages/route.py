@@ -31,6 +31,7 @@ def choose_pool(routing: Routing, model: str, path: str, scene: str) -> str | No
 
 class Route(Stage):
     name = "route"
+    store_down = "not used"
     fail_closed = True  # an unrouted request must not reach whichever pool is the default
 
     def __init__(self, routing: Routing) -> None:

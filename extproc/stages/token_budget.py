@@ -25,7 +25,7 @@ from ..redis_conn import StoreGuard
 from ..request import estimated_tokens
 from ..scheduler.budget import Budget, BudgetStore
 from ..scheduler.settings import Admission
-from .base import Stage
+from .base import Stage, closed_when_store_down, payload_of
 
 if TYPE_CHECKING:
     from ..services import Services
@@ -72,8 +72,8 @@ class Reserved:
 
 class TokenBudget(Stage):
     name = "token_budget"
-
     fail_closed = True
+    store_down = "skipped, or 503 where configured"  # token_budget.fail_closed_paths / _tiers
 
     def __init__(
         self, settings: Admission, store: BudgetStore, metrics: Metrics, guard: StoreGuard,
@@ -99,13 +99,24 @@ class TokenBudget(Stage):
 
     async def on_request(self, ex: Exchange) -> Reply | None:
         budget = self.budget_for(ex.tenant)
-        if budget is None or ex.payload is None:
+        if budget is None:
             return None
-        cost = estimated_tokens(ex.payload, ex.prompt_tokens, self.settings.default_max_tokens)
+        cost = estimated_tokens(payload_of(ex), ex.prompt_tokens, self.settings.default_max_tokens)
         decision = await self.guard.run(self.store.take(budget, cost), None, "token_budget")
         if decision is None:
-            self.metrics.token_budget.labels("skipped").inc()
-            return None
+            tb = self.settings.token_budget
+            if not closed_when_store_down(ex.route_path, ex.tier, tb.fail_closed_paths, tb.fail_closed_tiers):
+                self.metrics.token_budget.labels("skipped").inc()
+                return None
+            self.metrics.token_budget.labels("unavailable").inc()
+            return error_reply(
+                503,
+                "The token budget cannot be checked now and this route requires it. Retry in a second.",
+                type="service_unavailable",
+                code="token_budget_unavailable",
+                headers={"retry-after": "1"},
+                decision="budget_unavailable",
+            )
         headers = limit_headers(budget, decision)
         if decision.allowed:
             self.metrics.token_budget.labels("allowed").inc()

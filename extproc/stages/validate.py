@@ -195,6 +195,7 @@ class Validate(Stage):
     """415 / 413 / 400 on the headers, then JSON and schema on the body."""
 
     name = "validate"
+    store_down = "not used"
     fail_closed = True
 
     def __init__(self, limits: Validation) -> None:

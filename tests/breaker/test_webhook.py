@@ -64,7 +64,7 @@ async def test_notice_is_retried_until_delivered(flaky: tuple[Receiver, str]) ->
     started = time.perf_counter()
     notifier.notify({"pool": "primary", "old_state": "closed", "new_state": "open"})
     assert time.perf_counter() - started < 0.05  # returns at once: never on the request path
-    await asyncio.wait(list(notifier.tasks), timeout=5)
+    await notifier.tasks.wait(5)
     assert receiver.calls == 3
     assert receiver.got == [{"pool": "primary", "old_state": "closed", "new_state": "open"}]
     assert receiver.headers[0]["authorization"] == "Bearer t"

@@ -142,3 +142,39 @@ async def test_a_follower_elsewhere_is_woken_when_the_leader_hands_its_lease_bac
     assert got.role == "leader" and got.coalesced  # it took the lead at once, woken by the release
     await a.tasks.aclose()
     await b.tasks.aclose()
+
+
+@pytest.mark.parametrize("cancel_after_s", [0.0, 0.05, 0.3])
+async def test_a_request_cancelled_while_it_speaks_for_the_process_leaves_nothing_behind(
+    client: Client, cancel_after_s: float
+) -> None:
+    """Cancelled during its store lookup (0 and 0.05 s: the reply is late) or while it follows a
+    leader elsewhere (0.3 s): the key is free at once, its waiters take over, no lease is left."""
+    store = Counting(client)
+    coalescer = leases(store, client, lease_s=30)
+    if cancel_after_s >= 0.3:  # a leader in another process holds the key
+        other = leases(Counting(client), client)
+        assert (await other.claim(S, "k", lead=True, wait_s=1)).role == "leader"
+    else:
+        store.late_s = 0.2
+    first = asyncio.ensure_future(coalescer.claim(S, "k", lead=True, wait_s=10))
+    waiter = asyncio.ensure_future(coalescer.claim(S, "k", lead=True, wait_s=10))
+    await asyncio.sleep(cancel_after_s)
+    first.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await first
+    if cancel_after_s >= 0.3:
+        waiter.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiter
+        assert not coalescer.local and len(coalescer.wakeups) == 0
+        return
+    store.late_s = 0.0
+    claim = await asyncio.wait_for(waiter, 2)  # the waiter took over: no 10 s wait
+    assert claim.role == "leader"
+    await answer(coalescer, store, claim, "k", b"answer")
+    assert not coalescer.local
+    # The lease the cancelled lookup took was handed back: only the waiter's ever held it.
+    assert await client.keys(scope_prefix(S) + "l:*") == []
+    later = await asyncio.wait_for(coalescer.claim(S, "k", lead=True, wait_s=10), 1)
+    assert later.role == "hit" and later.entry == b"answer"

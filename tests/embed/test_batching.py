@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from extproc.embed import BatchingEmbedder, BatchReport, OnnxEmbedder
-from extproc.embed.batching import GIVE_UP, EmbedShedError, default_threads, default_workers
+from extproc.embed.batching import GIVE_UP, EmbedShedError, default_threads, default_workers, quota_cores
 
 from .sentences import MIXED
 
@@ -326,3 +326,22 @@ async def test_batches_keep_each_texts_token_states_from_the_same_run(
 
 def test_an_embedder_without_token_states_keeps_none() -> None:
     assert BatchingEmbedder(Slow()).states is None  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("cpu_max", "v1_quota", "v1_period", "cores"),
+    [
+        ("200000 100000\n", None, None, 2),  # limits.cpu: 2
+        ("150000 100000", None, None, 2),  # 1.5 rounds up
+        ("50000 100000", None, None, 1),
+        ("max 100000", None, None, None),  # no limit
+        (None, "-1", "100000", None),
+        (None, "400000\n", "100000\n", 4),
+        (None, None, None, None),
+        ("garbage", None, None, None),
+    ],
+)
+def test_the_cgroup_quota_caps_the_cores(
+    cpu_max: str | None, v1_quota: str | None, v1_period: str | None, cores: int | None
+) -> None:
+    assert quota_cores(cpu_max, v1_quota, v1_period) == cores

@@ -112,23 +112,29 @@ def _static(name: str, port: int, **extra: Any) -> dict[str, Any]:
     }
 
 
+def _match(path: tuple[str, str] | None, headers: list[tuple[str, str]]) -> dict[str, Any]:
+    match: dict[str, Any] = {"prefix": "/"}
+    if path is not None:
+        kind, value = path
+        match = {"path": value} if kind == "exact" else {"prefix": value}
+    if headers:
+        match["headers"] = [{"name": k, "string_match": {"exact": v}} for k, v in headers]
+    return match
+
+
 def translate_routes(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The Envoy routes istiod makes of the shipped VirtualService or HTTPRoute (the subset used)."""
     routes: list[dict[str, Any]] = []
     for doc in docs:
         if doc["kind"] == "VirtualService":
             for http in doc["spec"]["http"]:
-                matches = http.get("match") or [{}]
-                for m in matches:
-                    match: dict[str, Any] = {"prefix": "/"}
-                    if "uri" in m:
-                        match = {"path": m["uri"]["exact"]}
-                    if "headers" in m:
-                        match["headers"] = [
-                            {"name": k, "string_match": {"exact": v["exact"]}}
-                            for k, v in m["headers"].items()
-                        ]
-                    route: dict[str, Any] = {"name": http["name"], "match": match}
+                for m in http.get("match") or [{}]:
+                    uri = m.get("uri")
+                    path = ("exact", uri["exact"]) if uri else None
+                    headers = [(k, v["exact"]) for k, v in m.get("headers", {}).items()]
+                    if "method" in m:
+                        headers.append((":method", m["method"]["exact"]))
+                    route: dict[str, Any] = {"name": http["name"], "match": _match(path, headers)}
                     if "directResponse" in http:
                         d = http["directResponse"]
                         route["direct_response"] = {
@@ -149,15 +155,16 @@ def translate_routes(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if doc["kind"] == "HTTPRoute":
             ns = doc["metadata"]["namespace"]
             for rule in doc["spec"]["rules"]:
+                ref = rule["backendRefs"][0]
+                cluster = f"outbound|{ref['port']}||{ref['name']}.{ns}.svc.cluster.local"
                 for m in rule["matches"]:
-                    match = {"prefix": m["path"]["value"]} if "path" in m else {"prefix": "/"}
-                    if "headers" in m:
-                        match["headers"] = [
-                            {"name": h["name"], "string_match": {"exact": h["value"]}} for h in m["headers"]
-                        ]
-                    ref = rule["backendRefs"][0]
-                    cluster = f"outbound|{ref['port']}||{ref['name']}.{ns}.svc.cluster.local"
-                    routes.append({"match": match, "route": {"cluster": cluster, "timeout": "0s"}})
+                    p = m.get("path")
+                    path = ("exact" if p["type"] == "Exact" else "prefix", p["value"]) if p else None
+                    headers = [(h["name"], h["value"]) for h in m.get("headers", [])]
+                    if "method" in m:
+                        headers.append((":method", m["method"]))
+                    route = {"cluster": cluster, "timeout": "0s"}
+                    routes.append({"match": _match(path, headers), "route": route})
     return routes
 
 
@@ -330,7 +337,7 @@ def apply_patches(doc: dict[str, Any], envoy_filter: dict[str, Any], gateway: st
                 continue
             for hcm in _hcms(doc):
                 for vhost in hcm["typed_config"]["route_config"]["virtual_hosts"]:
-                    if want["vhost"]["domainName"] in vhost["domains"]:
+                    if want["vhost"]["name"] == vhost["name"]:
                         _merge(vhost, value)
         elif kind == "CLUSTER":
             assert op == "MERGE"

@@ -203,10 +203,14 @@ async def test_vllm_source_against_the_simulator() -> None:
             for call in calls:
                 call.cancel()
             await asyncio.gather(*calls, return_exceptions=True)
+    whole = await reader.read(prompt_tokens=100)
     await sims[1].close()
-    assert await reader.read(prompt_tokens=100) is None  # one endpoint gone: no reading, not a half one
-    await reader.close()
+    # One endpoint gone (a pod going away): the reading is the other's room alone, never more.
+    half = await reader.read(prompt_tokens=100)
+    assert whole is not None and half is not None and 0 < half.room < whole.room
     await sims[0].close()
+    assert await reader.read(prompt_tokens=100) is None  # none answers: no reading
+    await reader.close()
 
 
 def test_nvml_for_real_when_a_gpu_is_present() -> None:
@@ -247,3 +251,27 @@ def test_slots_above_what_the_pool_ran_without_queueing_are_probes(
 ) -> None:
     got = next_limit(S, reading, in_flight, last, 0.0)
     assert (got.limit, got.proven, got.probing) == expected
+
+
+async def test_pods_behind_a_headless_service_are_found_by_dns_and_a_gone_one_voids_nothing() -> None:
+    """`metrics_dns` resolves a name to every pod (here `localhost` → 127.0.0.1); a pod that
+    does not answer (a second URL to a closed port) leaves the others' reading standing."""
+    sim = await start_sim(SimConfig(max_num_seqs=2, kv_cache_tokens=1000))
+    try:
+        from load.stack import free_port
+
+        settings = Capacity(
+            metrics_dns=f"localhost:{sim.port}",
+            metrics_urls=[f"http://127.0.0.1:{free_port()}/metrics"],
+            kv_cache_gb=10,
+        )
+        reader = Reader(settings, lambda: 1.0)
+        assert reader.source == "vllm"
+        reading = await reader.read(prompt_tokens=100)
+        assert reading is not None and reading.source == "vllm" and reading.running == 0
+        none_answer = Reader(Capacity(metrics_urls=settings.metrics_urls, kv_cache_gb=10), lambda: 1.0)
+        assert await none_answer.read(prompt_tokens=100) is None
+        await reader.close()
+        await none_answer.close()
+    finally:
+        await sim.close()

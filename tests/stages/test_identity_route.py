@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from pathlib import Path
+
 import orjson
 import pytest
 
@@ -114,3 +116,51 @@ def test_config_names_every_unknown_pool() -> None:
         parse_config("routing: {models: {a: nowhere}, default_pool: nope}")
     assert "models.a: unknown pool 'nowhere'" in str(err.value)
     assert "default_pool: unknown pool 'nope'" in str(err.value)
+
+
+def test_keys_come_from_a_secret_file_and_the_environment_too(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    secret = tmp_path / "keys.yaml"
+    secret.write_text("sk-file: {tenant: filed, tier: premium}\n")
+    monkeypatch.setenv("GATE_KEYS", '{"sk-env": {"tenant": "envy", "tier": "vip"}}')
+    config = Identity(api_keys_file=secret, api_keys_env="GATE_KEYS", unknown_keys="reject")
+    keys = config.keys()
+    assert resolve(config, {"x-api-key": "sk-file"}, keys) == Caller(tenant="filed", tier="premium")
+    assert resolve(config, {"x-api-key": "sk-env"}, keys) == Caller(tenant="envy", tier="vip")
+    assert resolve(config, {"x-api-key": "sk-other"}, keys) is None
+    secret.write_text("- not a mapping\n")
+    with pytest.raises(ValueError, match="mapping"):
+        config.keys()
+    monkeypatch.delenv("GATE_KEYS")
+    with pytest.raises(ValueError, match="GATE_KEYS"):
+        Identity(api_keys_env="GATE_KEYS").keys()
+
+
+async def test_a_request_without_a_key_can_be_refused() -> None:
+    stage = IdentityStage(Identity(api_keys=KEYS, missing_keys="reject"))
+    reply = await stage.on_headers(Exchange("POST", "/", {}))
+    assert reply is not None and reply.status == 401
+    assert orjson.loads(reply.body)["error"]["code"] == "missing_api_key"
+    assert await stage.on_headers(Exchange("POST", "/", {"x-api-key": "sk-a"})) is None
+    anonymous = IdentityStage(Identity())
+    assert await anonymous.on_headers(Exchange("POST", "/", {})) is None
+
+
+def test_check_config_warns_on_secrets_in_the_file_and_fails_on_an_unreadable_key_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from extproc.cli import main
+
+    plain = tmp_path / "plain.yaml"
+    plain.write_text(
+        "identity: {api_keys: {sk-x: {tenant: t}}}\nstore: {redis_url: 'redis://:hunter2@127.0.0.1:1/0'}\n"
+    )
+    assert main(["check-config", str(plain)]) == 0
+    out = capsys.readouterr().out
+    assert "warning: identity.api_keys" in out and "warning: store.redis_url" in out
+    assert "hunter2" not in out and "sk-x" not in out
+    missing = tmp_path / "missing.yaml"
+    missing.write_text(f"identity: {{api_keys_file: {tmp_path / 'nope.yaml'}}}\n")
+    assert main(["check-config", str(missing)]) == 1
+    assert "API keys cannot be read" in capsys.readouterr().out
