@@ -22,6 +22,7 @@ import time
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
+from redis.asyncio import RedisCluster
 from redis.exceptions import (
     ClusterDownError,
     MasterDownError,
@@ -36,6 +37,7 @@ from .config import Store
 from .metrics import Metrics
 from .redis_client import Client, connect_topology
 from .redis_client import ping as ping_store
+from .redis_config import RedisTopology
 from .tasks import Tasks
 
 T = TypeVar("T")
@@ -56,6 +58,12 @@ def connect(config: Store) -> Client | None:
     return connect_topology(topology, connect_timeout_s=max(config.op_timeout_ms / 1000, 0.05))
 
 
+def admin_client(url: str | None, store: Store | None) -> Client | None:
+    """For the command-line tools: `url` when given, else the config's topology; None: none."""
+    topology = RedisTopology(url=url) if url else store.topology if store is not None else None
+    return None if topology is None else connect_topology(topology, connect_timeout_s=2.0)
+
+
 class StoreGuard:
     """Every request-path store call goes through `run`; `up` is this process's view."""
 
@@ -74,7 +82,21 @@ class StoreGuard:
         self.failures = 0  # in a row
         self.down_since: float | None = None
         self._checking: asyncio.Task[None] | None = None
+        self._warming: asyncio.Lock | None = None
         metrics.store_up.set(1)
+
+    def _cold(self) -> bool:
+        """A Cluster client that has not read the slot map yet (it does on its first call)."""
+        return isinstance(self.client, RedisCluster) and bool(getattr(self.client, "_initialize", False))
+
+    async def _warm(self) -> None:
+        """Read a Cluster's slot map and dial its masters once, within a ping's budget rather
+        than the first request's: the first calls of a process wait for it together."""
+        self._warming = self._warming or asyncio.Lock()
+        async with self._warming:
+            if self._cold() and isinstance(self.client, RedisCluster):
+                async with asyncio.timeout(CHECK_BUDGET_S):
+                    await self.client.initialize()
 
     async def run(
         self, call: Coroutine[Any, Any, T], default: T, op: str, budget_s: float | None = None
@@ -89,6 +111,8 @@ class StoreGuard:
             self.metrics.store_skipped.labels(op).inc()
             return default
         try:
+            if self._cold():
+                await self._warm()
             async with asyncio.timeout(budget_s if budget_s is not None else self.budget_s):
                 result = await call
         except OUTAGE as exc:

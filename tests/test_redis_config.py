@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
+import yaml
 from pydantic import ValidationError
 from redis.exceptions import AuthenticationError, ResponseError
 
@@ -96,3 +97,19 @@ async def test_cluster_mode_discovers_every_master_from_one_seed(redis_cluster: 
     masters = {n.port for n in client.get_primaries()}
     assert masters == set(redis_cluster.masters())
     await client.aclose()
+
+
+def test_the_command_line_tools_reach_a_cluster_from_the_config(
+    redis_cluster: ClusterGroup, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from extproc.cli import main as cli
+    from extproc.ratelimit.admin import main as blocks_cli
+
+    redis_cluster.flush()
+    path = tmp_path / "gate.yaml"
+    path.write_text(yaml.safe_dump({"store": {"redis": redis_cluster.store_config()}}))
+    assert cli(["breaker", "force", "primary", "open", "--config", str(path)]) == 0
+    assert cli(["breaker", "status", "--config", str(path), "--json"]) == 0
+    assert '"state": "open"' in capsys.readouterr().out
+    assert blocks_cli(["list", "--config", str(path)]) == 0
+    assert "no blocks" in capsys.readouterr().out

@@ -21,12 +21,14 @@ import orjson
 import redis.asyncio as aioredis
 
 from ..config import Config, load_config_or_report
+from ..redis_client import Client
+from ..redis_conn import admin_client
 from . import shared
 from .state import BreakerState, Phase
 from .window import Window, summarize
 
 
-async def status(client: aioredis.Redis, config: Config, now: float) -> list[dict[str, Any]]:
+async def status(client: Client, config: Config, now: float) -> list[dict[str, Any]]:
     b = config.breaker
     rows = []
     for pool in config.routing.pools:
@@ -63,7 +65,7 @@ def render(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-async def force(client: aioredis.Redis, config: Config, pool: str, phase: Phase, now: float) -> BreakerState:
+async def force(client: Client, config: Config, pool: str, phase: Phase, now: float) -> BreakerState:
     prefix = config.breaker.key_prefix
     for _ in range(10):
         current = await shared.read_state(client, prefix, pool)
@@ -74,8 +76,7 @@ async def force(client: aioredis.Redis, config: Config, pool: str, phase: Phase,
     raise RuntimeError(f"the state of {pool!r} kept changing; try again")
 
 
-async def _run(args: argparse.Namespace, config: Config) -> int:
-    client = aioredis.Redis.from_url(args.redis, socket_timeout=2, socket_connect_timeout=2)
+async def _run(client: Client, args: argparse.Namespace, config: Config) -> int:
     try:
         if args.action == "force":
             if args.pool not in config.routing.pools:
@@ -98,22 +99,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("action", choices=["status", "force"])
     parser.add_argument("pool", nargs="?", help="force: the pool")
     parser.add_argument("state", nargs="?", choices=[p.value for p in Phase], help="force: the new state")
-    parser.add_argument("--redis", help="Redis URL (default: store.redis_url of --config)")
+    parser.add_argument("--redis", help="Redis URL (default: store.redis or store.redis_url of --config)")
     parser.add_argument("--config", type=Path, help="the gates' YAML config (pools, breaker settings)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     config = load_config_or_report(args.config)
     if config is None:
         return 2
-    args.redis = args.redis or config.store.redis_url
-    if not args.redis:
-        parser.error("no Redis: pass --redis URL or a --config with store.redis_url")
+    client = admin_client(args.redis, config.store)
+    if client is None:
+        parser.error("no Redis: pass --redis URL or a --config with store.redis or store.redis_url")
     if args.action == "force" and (args.pool is None or args.state is None):
         parser.error("force needs POOL and STATE")
     try:
-        return asyncio.run(_run(args, config))
+        return asyncio.run(_run(client, args, config))
     except (OSError, aioredis.RedisError) as exc:
-        print(f"cannot reach Redis at {args.redis}: {exc}", file=sys.stderr)
+        where = args.redis or (config.store.topology.describe() if config.store.topology else "?")
+        print(f"cannot reach Redis at {where}: {exc}", file=sys.stderr)
         return 1
 
 

@@ -14,6 +14,8 @@ from pathlib import Path
 import redis.asyncio as aioredis
 
 from ..config import load_config_or_report
+from ..redis_client import Client
+from ..redis_conn import admin_client
 from .redis_store import RedisStore
 from .store import Store
 
@@ -26,8 +28,8 @@ async def purge_from(store: Store, tenant: str | None, model: str | None, key: s
     return await store.purge(tenant=tenant, model=model)
 
 
-async def purge(url: str, tenant: str | None, model: str | None, key: str | None) -> int:
-    store = RedisStore(aioredis.Redis.from_url(url, socket_timeout=10))
+async def purge(client: Client, tenant: str | None, model: str | None, key: str | None) -> int:
+    store = RedisStore(client)
     try:
         return await purge_from(store, tenant, model, key)
     finally:
@@ -46,20 +48,22 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("say what to purge: --tenant, --model, or --key")
     if args.key is not None and "." not in args.key:
         parser.error("--key takes the x-gate-cache-key header value: <scope>.<key>")
-    url = args.redis_url
-    if url is None:
+    store = None
+    if args.redis_url is None:
         config = load_config_or_report(args.config)
         if config is None:
             return 2
-        url = config.store.redis_url
-    if url is None:
-        print("no store.redis_url: the in-process cache lives in each gate process; restarting the gate "
+        store = config.store
+    client = admin_client(args.redis_url, store)
+    if client is None:
+        print("no store.redis: the in-process cache lives in each gate process; restarting the gate "
               "empties it", file=sys.stderr)
         return 2
     try:
-        dropped = asyncio.run(purge(url, args.tenant, args.model, args.key))
+        dropped = asyncio.run(purge(client, args.tenant, args.model, args.key))
     except (OSError, aioredis.RedisError) as exc:
-        print(f"cannot reach the store at {url}: {exc}", file=sys.stderr)
+        where = args.redis_url or (store.topology.describe() if store and store.topology else "?")
+        print(f"cannot reach the store at {where}: {exc}", file=sys.stderr)
         return 1
     print(f"purged {dropped} cached answer(s)")
     return 0

@@ -18,10 +18,10 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-import redis.asyncio as aioredis
 
 from ..config import Config, load_config_or_report
 from ..dedup.selfcheck import verdict
+from ..redis_conn import admin_client
 from .bins import BinStore, RedisBins
 
 
@@ -62,12 +62,11 @@ def render(rows: list[dict[str, Any]], target: float) -> str:
 
 
 async def _run(args: argparse.Namespace, config: Config) -> int:
-    url = args.redis or config.store.redis_url
-    if url is None:
-        print("no Redis (store.redis_url or --redis): each gate process keeps its own counts; "
+    client = admin_client(args.redis, config.store)
+    if client is None:
+        print("no Redis (store.redis, store.redis_url or --redis): each gate process keeps its own counts; "
               "read gate_cache_selfcheck_* on its metrics port", file=sys.stderr)
         return 1
-    client = aioredis.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=2)
     try:
         rows = await status(RedisBins(client, config.cache.semantic.self_check.key_prefix), config)
     finally:

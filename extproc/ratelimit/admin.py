@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+from pathlib import Path
 
-import redis.asyncio as aioredis
-
+from ..config import load_config_or_report
+from ..redis_client import Client
+from ..redis_conn import admin_client
 from .store import RedisStore
 
 
-async def run(url: str, prefix: str, action: str, caller: str | None) -> int:
-    client = aioredis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=5)
+async def run(client: Client, prefix: str, action: str, caller: str | None) -> int:
     try:
         store = RedisStore(client, prefix)
         if action == "lift":
@@ -34,12 +35,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("action", nargs="?", choices=["list", "lift"], default="list",
                         help="list the blocks (default) or lift one")
     parser.add_argument("caller", nargs="?", help="the caller to lift, as `list` shows it")
-    parser.add_argument("--redis", required=True, help="the gate's store.redis_url")
-    parser.add_argument("--prefix", default="gate:rl:", help="ratelimit.key_prefix")
+    parser.add_argument("--redis", help="a Redis URL (default: store.redis or store.redis_url of --config)")
+    parser.add_argument("--config", type=Path, help="the gate's YAML config (its store and key prefix)")
+    parser.add_argument("--prefix", help="ratelimit.key_prefix (default: the config's, else gate:rl:)")
     args = parser.parse_args(argv)
     if args.action == "lift" and not args.caller:
         parser.error("lift needs the caller to unblock")
-    return asyncio.run(run(args.redis, args.prefix, args.action, args.caller))
+    config = load_config_or_report(args.config) if args.config else None
+    if args.config and config is None:
+        return 2
+    client = admin_client(args.redis, config.store if config else None)
+    if client is None:
+        parser.error("no Redis: pass --redis URL or a --config with store.redis or store.redis_url")
+    prefix = args.prefix or (config.ratelimit.key_prefix if config else "gate:rl:")
+    return asyncio.run(run(client, prefix, args.action, args.caller))
 
 
 if __name__ == "__main__":

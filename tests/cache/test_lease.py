@@ -125,6 +125,25 @@ async def test_a_lease_whose_reply_came_too_late_is_handed_back(client: Client) 
     assert (await coalescer.claim(S, "k", lead=True, wait_s=1)).role == "leader"
 
 
+async def test_a_follower_elsewhere_is_woken_when_the_leader_hands_its_lease_back(client: Client) -> None:
+    here, there = Counting(client), Counting(client)
+    a = leases(here, client)
+    b = leases(there, client, poll_ms=60_000, poll_max_ms=60_000)  # only a notice can wake it
+    a.start()
+    b.start()
+    await asyncio.sleep(0.3)  # both subscribed
+    leader = await a.claim(S, "k", lead=True, wait_s=5)
+    assert leader.token is not None
+    follower = asyncio.ensure_future(b.claim(S, "k", lead=True, wait_s=20))
+    await asyncio.sleep(0.2)
+    assert not follower.done()
+    await a.finish(S, "k", leader.token, None, stored=False)  # the upstream call failed
+    got = await asyncio.wait_for(follower, 5)
+    assert got.role == "leader" and got.coalesced  # it took the lead at once, woken by the release
+    await a.tasks.aclose()
+    await b.tasks.aclose()
+
+
 @pytest.mark.parametrize("cancel_after_s", [0.0, 0.05, 0.3])
 async def test_a_request_cancelled_while_it_speaks_for_the_process_leaves_nothing_behind(
     client: Client, cancel_after_s: float
@@ -159,22 +178,3 @@ async def test_a_request_cancelled_while_it_speaks_for_the_process_leaves_nothin
     assert await client.keys(scope_prefix(S) + "l:*") == []
     later = await asyncio.wait_for(coalescer.claim(S, "k", lead=True, wait_s=10), 1)
     assert later.role == "hit" and later.entry == b"answer"
-
-
-async def test_a_follower_elsewhere_is_woken_when_the_leader_hands_its_lease_back(client: Client) -> None:
-    here, there = Counting(client), Counting(client)
-    a = leases(here, client)
-    b = leases(there, client, poll_ms=60_000, poll_max_ms=60_000)  # only a notice can wake it
-    a.start()
-    b.start()
-    await asyncio.sleep(0.3)  # both subscribed
-    leader = await a.claim(S, "k", lead=True, wait_s=5)
-    assert leader.token is not None
-    follower = asyncio.ensure_future(b.claim(S, "k", lead=True, wait_s=20))
-    await asyncio.sleep(0.2)
-    assert not follower.done()
-    await a.finish(S, "k", leader.token, None, stored=False)  # the upstream call failed
-    got = await asyncio.wait_for(follower, 5)
-    assert got.role == "leader" and got.coalesced  # it took the lead at once, woken by the release
-    await a.tasks.aclose()
-    await b.tasks.aclose()
