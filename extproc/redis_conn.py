@@ -121,6 +121,8 @@ class StoreGuard:
         except RedisError as exc:  # the store answered, with an error: not an outage
             self._failed(op, exc, outage=False)
             return default
+        finally:
+            raise_swallowed_cancel()
         self.failures = 0
         return result
 
@@ -179,6 +181,15 @@ class StoreGuard:
     async def aclose(self) -> None:
         if self.client is not None:
             await self.client.aclose()
+
+
+def raise_swallowed_cancel() -> None:
+    """redis-py 8 answers a command whose task was cancelled with None instead of raising
+    CancelledError: the cancellation would be lost, and a request whose client went away would
+    go on as if it had an answer. The task still counts the request: raise it here."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
 
 
 async def timeboxed(call: Awaitable[T], default: T, timeout_s: float, metrics: Metrics, op: str) -> T:

@@ -75,8 +75,9 @@ def test_sighup_applies_a_new_config_and_refuses_a_broken_one() -> None:
 
 def test_twenty_reloads_under_load_leave_the_redis_connections_where_they_were() -> None:
     """Each reload builds a new set of services (every Redis client included) and closes the
-    old set once its streams are done: after 20 of them under steady load, CLIENT LIST is back
-    where it was, and no request failed."""
+    old set once its streams are done: 18 more reloads under steady load leave CLIENT LIST
+    where it was after the first two (a client left open per reload would add dozens), and no
+    request fails. (The request path's pools may grow by a connection under load: jitter.)"""
     import redis
 
     with (
@@ -95,21 +96,25 @@ def test_twenty_reloads_under_load_leave_the_redis_connections_where_they_were()
                     n += 1
                     statuses.append(c.post(CHAT, json=chat(f"reload load {n % 7}")).status_code)
 
-        for i in range(4):
-            client.post(CHAT, json=chat(f"warm {i}"))
-        time.sleep(1.0)  # every client of every worker connected (the breaker syncs, leases listen)
-        before = len(admin.client_list())
+        def reload(count: int) -> None:
+            os.kill(stack.procs["gate"].pid, signal.SIGHUP)
+            assert wait_for(lambda: all(reloads(p, "done") == count for p in stack.metrics_ports), 30)
+
+        assert client.post(CHAT, json=chat("warm")).status_code == 200
         threads = [threading.Thread(target=load) for _ in range(3)]
         for t in threads:
             t.start()
-        for i in range(20):
-            os.kill(stack.procs["gate"].pid, signal.SIGHUP)
-            assert wait_for(lambda i=i: all(reloads(p, "done") == i + 1 for p in stack.metrics_ports), 30)
+        for i in range(2):
+            reload(i + 1)
+        time.sleep(1.5)  # the retired pipelines closed after their streams
+        baseline = len(admin.client_list())
+        for i in range(2, 20):
+            reload(i + 1)
+        time.sleep(1.5)
+        final = len(admin.client_list())
         stop.set()
         for t in threads:
             t.join(30)
-        time.sleep(2.0)  # the last retired pipelines close after their streams
-        after = len(admin.client_list())
         admin.close()
     assert statuses and set(statuses) == {200}, set(statuses)
-    assert after <= before, (before, after)
+    assert final <= baseline + 2, (baseline, final)
