@@ -9,6 +9,18 @@ from .exchange import Reply
 SHOULD_RETRY = "x-should-retry"  # "false": OpenAI's SDKs then do not retry
 
 
+def unavailable_reply(what: str, code: str, decision: str) -> Reply:
+    """A check the route requires could not run (its store is down): a retryable 503."""
+    return error_reply(
+        503,
+        f"{what} cannot be checked now and this route requires it. Retry in a second.",
+        type="service_unavailable",
+        code=code,
+        headers={"retry-after": "1"},
+        decision=decision,
+    )
+
+
 def error_reply(
     status: int,
     message: str,

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 from .metrics import Metrics
@@ -67,3 +67,15 @@ class Tasks:
                     task.result()
             else:
                 log.error("background task %s did not stop", task.get_name())
+
+
+async def every(interval_s: float, step: Callable[[], Awaitable[None]], metrics: Metrics, name: str) -> None:
+    """A background loop: `step` forever, `interval_s` apart; a step that fails is counted
+    (`gate_background_errors_total{task=name}`) and logged, and the loop goes on."""
+    while True:
+        try:
+            await step()
+        except Exception:
+            metrics.background_errors.labels(name).inc()
+            log.exception("%s failed", name)
+        await asyncio.sleep(interval_s)

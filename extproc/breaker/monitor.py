@@ -28,7 +28,7 @@ from ..config import Breaker as BreakerConfig
 from ..metrics import Metrics
 from ..redis_client import Client
 from ..redis_conn import timeboxed
-from ..tasks import Tasks
+from ..tasks import Tasks, every
 from . import shared
 from .state import GAUGE, BreakerState, Evaluate, Phase, next_state, use_primary
 from .webhook import Notifier
@@ -156,13 +156,7 @@ class Breakers:
             self._task = self.tasks.spawn(self.run(), "breaker_sync")
 
     async def run(self) -> None:
-        while True:
-            try:
-                await self.sync_once()
-            except Exception:
-                self.metrics.background_errors.labels("breaker_sync").inc()
-                log.exception("breaker sync failed")
-            await asyncio.sleep(self.config.sync_interval_s)
+        await every(self.config.sync_interval_s, self.sync_once, self.metrics, "breaker_sync")
 
     async def close(self) -> None:
         if self._task is not None:

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from ..config import Config
 from ..config import RateLimit as RateLimitConfig
-from ..errors import error_reply
+from ..errors import error_reply, unavailable_reply
 from ..exchange import Exchange, Reply
 from ..metrics import Metrics
 from ..ratelimit.check import Verdict
@@ -139,11 +139,4 @@ class RateLimit(Stage):
         self.metrics.ratelimit_decisions.labels(result, "store", ex.tier).inc()
         if not closed:
             return None
-        return error_reply(
-            503,
-            "The rate limiter cannot be reached and this route requires it. Retry in a second.",
-            type="service_unavailable",
-            code="ratelimit_unavailable",
-            headers={"retry-after": "1"},
-            decision="ratelimit_unavailable",
-        )
+        return unavailable_reply("The rate limit", "ratelimit_unavailable", "ratelimit_unavailable")

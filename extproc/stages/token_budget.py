@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 import orjson
 
 from ..config import Config
-from ..errors import error_reply
+from ..errors import error_reply, unavailable_reply
 from ..exchange import Exchange, Reply
 from ..metrics import Metrics
 from ..ratelimit.gcra import US, Decision
@@ -109,14 +109,7 @@ class TokenBudget(Stage):
                 self.metrics.token_budget.labels("skipped").inc()
                 return None
             self.metrics.token_budget.labels("unavailable").inc()
-            return error_reply(
-                503,
-                "The token budget cannot be checked now and this route requires it. Retry in a second.",
-                type="service_unavailable",
-                code="token_budget_unavailable",
-                headers={"retry-after": "1"},
-                decision="budget_unavailable",
-            )
+            return unavailable_reply("The token budget", "token_budget_unavailable", "budget_unavailable")
         headers = limit_headers(budget, decision)
         if decision.allowed:
             self.metrics.token_budget.labels("allowed").inc()

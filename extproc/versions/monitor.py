@@ -26,7 +26,7 @@ from ..config import Routing
 from ..metrics import Metrics
 from ..redis_client import Client
 from ..redis_conn import timeboxed
-from ..tasks import Tasks
+from ..tasks import Tasks, every
 from . import shared
 from .rollout import RolloutState, begin, next_rollout
 from .settings import Rollout, VersionedModel
@@ -82,13 +82,7 @@ class VersionMonitor:
             self._task = self.tasks.spawn(self.run(), "versions_sync")
 
     async def run(self) -> None:
-        while True:
-            try:
-                await self.sync_once()
-            except Exception:
-                self.metrics.background_errors.labels("versions_sync").inc()
-                log.exception("versions sync failed")
-            await asyncio.sleep(self.sync.interval_s)
+        await every(self.sync.interval_s, self.sync_once, self.metrics, "versions_sync")
 
     async def close(self) -> None:
         if self._task is not None:
