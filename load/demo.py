@@ -81,6 +81,8 @@ REQUESTS = [
         headers={**VIP, "x-business-scene": "support"},
     ),
     Step("passthrough GET /v1/models", path="/v1/models", method="GET"),
+    Step("around the gate: /v1/embeddings", {"model": "llama-3-8b", "input": "hi"}, "/v1/embeddings"),
+    Step("escaped slash: /v1/chat%2F…", chat("Sneak past"), "/v1/chat%2Fcompletions"),
     Step("wrong content type", content=b"{}", headers={"content-type": "text/plain"}),
     Step("broken JSON", content=b'{"model": ', headers={"content-type": "application/json"}),
     Step("bad field", chat("x", temperature=9)),
@@ -128,7 +130,7 @@ def run_step(client: httpx.Client, step: Step) -> list[str]:
         cache + similarity,
         "",
         f"{ms:.0f}",
-        summarise(r.text),
+        f"redirect to {r.headers['location']}" if r.is_redirect else summarise(r.text),
     ]
 
 
