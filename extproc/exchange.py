@@ -11,6 +11,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
+
 GATE_HEADER_PREFIX = "x-gate-"
 # Exchange.state key: (embedder, text, vector) of a prompt text a stage already embedded, so a
 # later stage with the same embedder and text pays no second embedding.
@@ -67,7 +69,9 @@ class Exchange:
     prompt_tokens: int = 0
     upstream_headers: dict[str, str] = field(default_factory=dict)
     upstream_remove: list[str] = field(default_factory=list)  # request headers that stay here
-    upstream_body: bytes | None = None
+    # A stage that changed `payload` for the model (model name, stream options, priority,
+    # sanitised text) sets this; the body is serialised once, when it leaves (`upstream_body`).
+    payload_changed: bool = False
     client_headers: dict[str, str] = field(default_factory=dict)
     upstream_started: float | None = None  # when the request went on to the pool
     capture_body: bool = False
@@ -79,6 +83,13 @@ class Exchange:
     waited_s: float = 0.0  # in a queue or behind a leader: time that is not the gate's own work
     # Per-request state of the stages, by stage name: stages themselves keep none.
     state: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def upstream_body(self) -> bytes | None:
+        """The body to send on instead of the client's: None when no stage changed it."""
+        if not self.payload_changed or self.payload is None:
+            return None
+        return orjson.dumps(self.payload)
 
     @property
     def route_path(self) -> str:

@@ -16,8 +16,6 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import orjson
-
 from ..config import Config
 from ..errors import error_reply
 from ..exchange import Exchange, Reply
@@ -116,7 +114,7 @@ class Admission(Stage):
         )
         if s.pool(ex.pool).preempt_slots:
             payload["priority"] = CLASSES.index(cls) if cls in CLASSES else len(CLASSES) - 1
-            ex.upstream_body = orjson.dumps(payload)
+            ex.payload_changed = True
         slots = self.pools.slots(ex.pool)
         started = time.perf_counter()
         outcome = await slots.acquire(ticket, ex.prompt_tokens, ex.tenant)

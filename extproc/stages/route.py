@@ -12,8 +12,6 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-import orjson
-
 from ..config import Routing
 from ..errors import error_reply
 from ..exchange import Exchange, Reply
@@ -155,4 +153,4 @@ class Route(Stage):
         ex.client_headers[CLUSTER_HEADER] = pool.cluster
         if pool.served_model and pool.served_model != ex.payload["model"]:
             ex.payload["model"] = pool.served_model
-            ex.upstream_body = orjson.dumps(ex.payload)
+            ex.payload_changed = True

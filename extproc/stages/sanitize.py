@@ -10,8 +10,6 @@ from __future__ import annotations
 from collections import Counter
 from typing import TYPE_CHECKING
 
-import orjson
-
 from ..errors import error_reply
 from ..exchange import Exchange, Reply
 from ..metrics import Metrics
@@ -70,5 +68,5 @@ class Sanitize(Stage):
                 code="hidden_characters",
             )
         self.metrics.sanitized_requests.labels("stripped").inc()
-        ex.upstream_body = orjson.dumps(payload)
+        ex.payload_changed = True
         return None

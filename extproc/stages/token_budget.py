@@ -14,8 +14,6 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-import orjson
-
 from ..config import Config
 from ..errors import error_reply, unavailable_reply
 from ..exchange import Exchange, Reply
@@ -58,7 +56,7 @@ def ask_for_usage(ex: Exchange) -> None:
     if options.get("include_usage"):
         return
     payload["stream_options"] = {**options, "include_usage": True}
-    ex.upstream_body = orjson.dumps(payload)
+    ex.payload_changed = True
 
 
 @dataclass
