@@ -59,7 +59,7 @@ def test_the_artefact_is_small_and_names_its_embedder() -> None:
 def test_onnx_matches_the_training_graph_on_real_pairs(e5: OnnxEmbedder) -> None:
     """Same weights, two implementations: ONNX Runtime one pair at a time (the gate) and the
     training network in JAX, padded and masked in one batch."""
-    jax = pytest.importorskip("jax")  # the dev extra: training only
+    import jax  # the dev extra: training only
     import onnx
 
     from load.judge_model import forward, from_onnx
