@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from extproc.dedup.calibrate import SWAPS, cache_dir, count, default_data_dir
+from extproc.dedup.calibrate import SWAPS, cache_dir, count, curve_point, default_data_dir
 from extproc.dedup.decide import DEFAULT_TARGET, CurvePoint
 from extproc.dedup.judge import JUDGE_EMBEDDER, MAX_TOKENS, shipped_judge_dir
 
@@ -71,20 +71,7 @@ def curve(s: JudgeSet, sc: np.ndarray, min_cosine: float, swaps: tuple[str, ...]
     pts = []
     for t in GRID:
         pred = served(s, sc, min_cosine, t, swaps)
-        a, b = count(pred[sel], s.gold[sel]), count(pred[test], s.gold[test])
-        pts.append(
-            CurvePoint(
-                t,
-                round(a.precision, 4),
-                round(a.recall, 4),
-                round(b.precision, 4),
-                round(b.recall, 4),
-                b.hits,
-                lower=round(a.lower, 4),
-                hits=a.hits,
-                test_lower=round(b.lower, 4),
-            )
-        )
+        pts.append(curve_point(t, count(pred[sel], s.gold[sel]), count(pred[test], s.gold[test])))
     return pts
 
 

@@ -206,6 +206,21 @@ def count(pred: np.ndarray, gold: np.ndarray) -> Counted:
     )
 
 
+def curve_point(threshold: float, sel: Counted, test: Counted) -> CurvePoint:
+    """One point of a curve: what the threshold does on the select part and on the test part."""
+    return CurvePoint(
+        threshold,
+        round(sel.precision, 4),
+        round(sel.recall, 4),
+        round(test.precision, 4),
+        round(test.recall, 4),
+        test.hits,
+        lower=round(sel.lower, 4),
+        hits=sel.hits,
+        test_lower=round(test.lower, 4),
+    )
+
+
 def scores(d: Prepared, point: LanguagePoint) -> np.ndarray:
     """The verifier's score per pair; 0 where the semantic layer never asks it, 1 for near-exact."""
     cand = d.readable & ~d.vetoed & (d.cosine >= point.min_cosine)
@@ -241,19 +256,7 @@ def fit_language(
     curve: list[CurvePoint] = []
     for t in np.round(np.arange(0.30, 1.0, 0.005), 3):
         a, b = count(s_sel[sel] >= t, d.gold[sel]), count(s[test] >= t, d.gold[test])
-        curve.append(
-            CurvePoint(
-                float(t),
-                round(a.precision, 4),
-                round(a.recall, 4),
-                round(b.precision, 4),
-                round(b.recall, 4),
-                b.hits,
-                lower=round(a.lower, 4),
-                hits=a.hits,
-                test_lower=round(b.lower, 4),
-            )
-        )
+        curve.append(curve_point(float(t), a, b))
     return replace(point, curve=tuple(curve))
 
 
