@@ -309,6 +309,9 @@ async def _bursts(stack: Stack, sizes: Sizes, out: Outcome, n: int) -> None:
                 slowest = max(x for _, _, x in res)
                 out.facts.append(f"round {rnd + 1}: model calls {calls}, non-2xx {dict(non2xx) or 0}, "
                                  f"distinct answers {len(answers)}, slowest {slowest:.2f} s")
+                failed = next((text for st, text, _ in res if st != 200), None)
+                if failed is not None:
+                    out.facts.append(f"  first non-2xx body: {failed[:300]}")
                 out.checks.append((f"round {rnd + 1}: ≤ 2 calls, 0 non-2xx, 1 answer",
                                    calls <= 2 and not non2xx and len(answers) == 1))
                 await asyncio.sleep(0.5)
