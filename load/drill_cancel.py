@@ -65,13 +65,13 @@ async def drill(stack: Stack, requests: int, questions: int, concurrency: int, s
     async with httpx.AsyncClient(base_url=stack.url, headers=HEADERS, limits=limits) as client:
         for sim in sims:  # slower than any client's patience: nothing completes
             await client.post(sim + "/admin/faults", json={"extra_latency_ms": 600})
-        gate = asyncio.Semaphore(concurrency)
+        left = iter(range(requests))
 
-        async def one() -> None:
-            async with gate:
+        async def worker() -> None:  # `concurrency` clients, each taking the next request
+            for _ in left:
                 await _impatient(client, rng.choice(hot), rng.uniform(0.001, 0.4), result)
 
-        await asyncio.gather(*(one() for _ in range(requests)))
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
         for sim in sims:
             await client.post(sim + "/admin/faults", json={"extra_latency_ms": 0})
         await asyncio.sleep(0.5)  # cancelled upstream calls finish unwinding
