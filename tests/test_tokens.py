@@ -82,7 +82,9 @@ def test_known_counts_keep_the_most_recently_used() -> None:
     assert known.get(a) == 1  # a is now the most recent
     known.put(c, 3)
     assert (known.get(a), known.get(b), known.get(c)) == (1, None, 3)
-    assert known.key("short text") is None  # short texts are never kept
+    known.put(known.key("short text"), 2)
+    assert known.get(known.key("short text")) == 2  # a short text is its own key
+    assert known.get(known.key("short text!")) is None
 
 
 # Whatever a client may put between and inside words: accents that combine with the character

@@ -214,7 +214,8 @@ class Queue:
         self._arrivals[ticket.cls].append(now)
         if self._first_arrival is None:
             self._first_arrival = now
-        free = self.free(band_of(ticket.cls, ticket.urgent), self._view(now), self._preempts(ticket.cls))
+        view = self._view(now)  # nothing below changes what it sums up until the entry joins
+        free = self.free(band_of(ticket.cls, ticket.urgent), view, self._preempts(ticket.cls))
         if len(self.waiting) < free and not self.pressure:
             close = now  # a free slot and nobody waiting for it: holding this request gains nothing
         else:
@@ -223,8 +224,8 @@ class Queue:
                 close = self._window_close[ticket.cls] = now + self.policy.batch_window_s.get(ticket.cls, 0.0)
         deadline = self.policy.default_deadline_s if ticket.deadline_s is None else ticket.deadline_s
         entry = _Waiting(ticket, self._seq, now, close, now + deadline, ticket.cls)
-        eta = self.eta(entry, now)
-        if self._too_late(entry, eta, now, self.service_s(now)):
+        eta = self.eta(entry, now, view)
+        if self._too_late(entry, eta, now, view.service_s):
             return [*events, Refused(ticket.id, "deadline", eta, ticket.cls)]
         evicted = self._make_room(entry, now)
         if evicted is None:
@@ -422,11 +423,11 @@ class Queue:
             free = min(free, self.limit - view.reserved - view.held_by_the_rest)
         return max(0, free)
 
-    def eta(self, entry: _Waiting, now: float) -> float:
+    def eta(self, entry: _Waiting, now: float, view: _View | None = None) -> float:
         """Seconds until `entry` would likely get a slot; 0 when it cannot be told yet."""
         key = self._key(entry, now)
         ahead = sum(1 for w in self.waiting.values() if w is not entry and self._key(w, now) < key)
-        return self._eta(entry, ahead, now, self._view(now))
+        return self._eta(entry, ahead, now, view or self._view(now))
 
     def _eta(self, entry: _Waiting, ahead: int, now: float, view: _View) -> float:
         start = max(0.0, entry.eligible_at - now)
