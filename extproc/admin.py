@@ -94,7 +94,7 @@ def admin_app(current: Callable[[], Pipeline], token: str | None = None) -> web.
         tenant, model, key = body.get("tenant"), body.get("model"), body.get("key")
         if not any(isinstance(v, str) and v for v in (tenant, model, key)):
             raise _error(web.HTTPBadRequest, "name a 'tenant', a 'model' or a 'key' (x-gate-cache-key)")
-        purged = await purge_from(_stage(current(), Cache).store, tenant, model, key)
+        purged = await purge_from(_stage(current(), Cache).b.store, tenant, model, key)
         return web.json_response({"purged": purged})
 
     async def blocks(request: web.Request) -> web.Response:

@@ -330,6 +330,14 @@ class CacheCoalesce(Strict):
     poll_max_ms: float = Field(default=250.0, gt=0)
 
 
+class CacheLocal(Strict):
+    """Each process's own copy of the exact entries it served or stored last (cache/hot.py):
+    a repeated question needs no store round trip. Purges reach every process's copy."""
+
+    max_mb: float = Field(default=32.0, ge=0)  # 0: off
+    ttl_s: float = Field(default=60.0, gt=0)  # at most this long, and never past the entry's TTL
+
+
 class SemanticProfile(Strict):
     """Another embedder or operating point for some tenants or routes (first match wins)."""
 
@@ -436,6 +444,7 @@ class Cache(Strict):
     # generation, so the cache may wait longer than the cheap checks before it.
     op_timeout_ms: float | None = Field(default=None, gt=0)
     coalesce: CacheCoalesce = CacheCoalesce()
+    local: CacheLocal = CacheLocal()
     semantic: CacheSemantic = CacheSemantic()
 
 

@@ -210,6 +210,11 @@ class Metrics:
             ["kind"],
             registry=r,
         )
+        self.cache_local_hits = Counter(
+            "gate_cache_local_hits",
+            "Exact hits answered from the process's own copy (cache.local), without a store call.",
+            registry=r,
+        )
         self.cache_similarity = Histogram(
             "gate_cache_similarity",
             "Cosine similarity of semantic hits.",

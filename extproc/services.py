@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from .breaker.adaptive import AdaptiveLimit
 from .breaker.monitor import Breakers
 from .breaker.webhook import Notifier
+from .cache.hot import HotEntries
 from .cache.lease import Leases
 from .cache.selfcheck import SelfCheck, make_bins
 from .cache.setup import Matchers, answer_store, load_matchers
@@ -48,6 +49,7 @@ class Services:
     budgets: BudgetStore
     answers: AnswerStore
     leases: Leases
+    hot: HotEntries | None  # cache.local; None when off
     matchers: Matchers
     selfcheck: SelfCheck | None  # cache.semantic.self_check; None when off
     breakers: Breakers
@@ -69,6 +71,9 @@ class Services:
         store = StoreGuard(redis, config.store, metrics, tasks)
         c = config.cache
         answers = answer_store(redis, config.store.topology if c.enabled else None)
+        hot = HotEntries(int(c.local.max_mb * 2**20), c.local.ttl_s) if c.enabled and c.local.max_mb else None
+        if hot is not None:
+            answers.on_purge(hot.purge)
         # The breaker's sync loop is off the request path: its own client, a looser time box.
         breaker_store = config.store.model_copy(update={"op_timeout_ms": config.breaker.sync_timeout_ms})
         breaker_client = connect(breaker_store)
@@ -100,6 +105,7 @@ class Services:
             budgets=MemoryBudgets() if redis is None else RedisBudgets(redis),
             answers=answers,
             leases=Leases(answers, store, c.coalesce, metrics, tasks, budget_s=cache_budget_s),
+            hot=hot,
             matchers=(
                 load_matchers(c.semantic, metrics, config.server.workers) if c.enabled else Matchers(None, [])
             ),

@@ -29,7 +29,6 @@ class Flight:
     bands: tuple[str, ...] = ()
     capture: Capture | None = None
     served: bool = False  # answered from the cache (or by a leader)
-    store_ok: bool = True  # False once a store call failed: skip the cache for the rest
 
 
 class Wakeups:

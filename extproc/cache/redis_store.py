@@ -32,6 +32,7 @@ from typing import Any
 from redis.exceptions import NoScriptError, RedisClusterException, RedisError
 
 from ..redis_client import Client, is_cluster
+from .hot import Purged
 from .store import Lookup, Pending, Put
 
 PREFIX = "gate:c:"
@@ -186,6 +187,7 @@ class RedisStore:
         self._release = client.register_script(RELEASE)
         self._renew = client.register_script(RENEW)
         self._purge_key = client.register_script(PURGE_KEY)
+        self._purge_subscribers: list[Callable[[Purged], None]] = []
 
     async def lookup(self, scope: str, key: str, token: str | None, lease_ms: int) -> Lookup:
         p = scope_prefix(scope)
@@ -284,16 +286,18 @@ class RedisStore:
         client: Any = self.client
         async with client.pubsub(ignore_subscribe_messages=True) as pubsub:
             await pubsub.subscribe(NOTICES)
+            self._resubscribed()
             while True:
                 message = await pubsub.get_message(timeout=idle_s)
                 if message is not None and message.get("type") == "message":
-                    wake(_text(message["data"]))
+                    self._heard(_text(message["data"]), wake)
 
     async def _listen_sharded(self, wake: Callable[[str], None], idle_s: float) -> None:
         client: Any = self.client
         pubsub = client.pubsub()
         try:
             await pubsub.ssubscribe(*(f"{NOTICES}:{{{n}}}" for n in range(NOTICE_SHARDS)))
+            self._resubscribed()
             while True:
                 message = await pubsub.get_sharded_message(
                     ignore_subscribe_messages=True, timeout=SHARD_POLL_S
@@ -304,7 +308,7 @@ class RedisStore:
                         return
                     await asyncio.sleep(0)  # no node had one: let the loop run before the next round
                 elif message.get("type") == "smessage":
-                    wake(_text(message["data"]))
+                    self._heard(_text(message["data"]), wake)
         finally:
             await pubsub.aclose()
 
@@ -324,7 +328,9 @@ class RedisStore:
     ) -> int:
         if scope is not None and key is not None:
             p = scope_prefix(scope)
-            return int(await self._purge_key(keys=[p + "z", p + "v", p + "s"], args=[p, key]))
+            dropped = int(await self._purge_key(keys=[p + "z", p + "v", p + "s"], args=[p, key]))
+            await self._tell(Purged(scope=scope, key=key))
+            return dropped
         indexes = [f"{PREFIX}t:{tenant}"] if tenant is not None else []
         indexes += [f"{PREFIX}m:{model}"] if model is not None else []
         if not indexes:
@@ -341,7 +347,32 @@ class RedisStore:
                 await self.client.unlink(*names)
             for index in (f"{PREFIX}t:", f"{PREFIX}m:"):
                 await self._srem_everywhere(index, s)
+        await self._tell(Purged(tenant=tenant, model=model))
         return dropped
+
+    def on_purge(self, tell: Callable[[Purged], None]) -> None:
+        self._purge_subscribers.append(tell)
+
+    async def _tell(self, purged: Purged) -> None:
+        """Every gate's listener hears it (one channel of the sharded ones: each listener
+        subscribes to all of them), this process's included."""
+        if self.cluster:
+            await self.client.spublish(f"{NOTICES}:{{0}}", purged.notice())
+        else:
+            await self.client.publish(NOTICES, purged.notice())
+
+    def _heard(self, text: str, wake: Callable[[str], None]) -> None:
+        purged = Purged.from_notice(text) if text.startswith("purge\t") else None
+        if purged is None:
+            wake(text)
+            return
+        for tell in self._purge_subscribers:
+            tell(purged)
+
+    def _resubscribed(self) -> None:
+        """Notices sent while no subscription was up are lost: a purge among them too."""
+        for tell in self._purge_subscribers:
+            tell(Purged())
 
     async def _srem_everywhere(self, index_prefix: str, scope: str) -> None:
         async for name in self.client.scan_iter(match=_escape(index_prefix) + "*", count=1000):

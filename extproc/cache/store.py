@@ -25,6 +25,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
+from .hot import Purged
+
 Role = Literal["hit", "leader", "follower", "none"]
 DEFAULT_BAND_CAP = 64  # load/results/bench_candidates.md, load/results/lsh_recall.md
 
@@ -102,7 +104,12 @@ class Store(Protocol):
         self, *, tenant: str | None = None, model: str | None = None, scope: str | None = None,
         key: str | None = None,
     ) -> int:
-        """Drop entries by tenant and/or model, or one entry by scope and key; returns how many."""
+        """Drop entries by tenant and/or model, or one entry by scope and key; returns how many.
+        Every subscriber (`on_purge`) of every process sharing the store hears of it."""
+
+    def on_purge(self, tell: Callable[[Purged], None]) -> None:
+        """Call `tell` with each purge of the store (`Purged()`, nothing named: anything may
+        have been purged, e.g. while a subscription was broken)."""
 
     async def aclose(self) -> None: ...
 
@@ -131,6 +138,10 @@ class MemoryStore:
         self.leases: dict[tuple[str, str], tuple[str, float]] = {}
         self.scopes: dict[str, _Scope] = {}
         self.given_up: dict[tuple[str, str], tuple[int, float]] = {}  # waited ms, until
+        self._purge_subscribers: list[Callable[[Purged], None]] = []
+
+    def on_purge(self, tell: Callable[[Purged], None]) -> None:
+        self._purge_subscribers.append(tell)
 
     async def lookup(self, scope: str, key: str, token: str | None, lease_ms: int) -> Lookup:
         now = self.clock()
@@ -274,6 +285,8 @@ class MemoryStore:
         key: str | None = None,
     ) -> int:
         if scope is not None and key is not None:
+            for tell in self._purge_subscribers:
+                tell(Purged(scope=scope, key=key))
             s = self.scopes.get(scope)
             if s is None or key not in s.expiry:
                 return 0
@@ -281,6 +294,8 @@ class MemoryStore:
             return 1
         if tenant is None and model is None:
             raise ValueError("purge needs a tenant, a model, or a scope and key")
+        for tell in self._purge_subscribers:
+            tell(Purged(tenant=tenant, model=model))
         dropped = 0
         for name, s in list(self.scopes.items()):
             if (tenant is None or s.tenant == tenant) and (model is None or s.model == model):

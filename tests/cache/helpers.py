@@ -14,7 +14,11 @@ import numpy as np
 import orjson
 import redis.asyncio as aioredis
 
+from extproc.cache.backing import Backing
+from extproc.cache.hot import HotEntries
+from extproc.cache.keeper import Keeper
 from extproc.cache.lease import Leases
+from extproc.cache.lookup import Finder
 from extproc.cache.lsh import Lsh
 from extproc.cache.semantic import Matcher
 from extproc.cache.setup import Matchers, Profile
@@ -22,7 +26,6 @@ from extproc.cache.store import Store
 from extproc.config import Cache as CacheConfig
 from extproc.config import CacheCoalesce
 from extproc.config import Store as StoreConfig
-from extproc.dedup.canonical import canonical
 from extproc.dedup.decide import Decision, LanguagePoint, Policy
 from extproc.exchange import Exchange
 from extproc.metrics import Metrics
@@ -185,12 +188,14 @@ async def send(
 
 def cache_stage(
     cfg: CacheConfig, store: Store, m: Matcher | None, *, profiles: Sequence[Profile] = (),
-    client: aioredis.Redis | None = None, op_timeout_s: float = 0.5,
+    client: aioredis.Redis | None = None, op_timeout_s: float = 0.5, hot: HotEntries | None = None,
 ) -> Cache:
     """The cache stage as `Cache.build` makes it, over the given store and matchers."""
     metrics = Metrics()
     tasks = Tasks(metrics)
     guard = StoreGuard(client, StoreConfig(op_timeout_ms=op_timeout_s * 1000), metrics, tasks)
     leases = Leases(store, guard, cfg.coalesce, metrics, tasks)
-    matchers = Matchers(m, list(profiles))
-    return Cache(cfg, store, leases, guard, metrics, matchers, canon=canonical, tasks=tasks)
+    backing = Backing(cfg, store, guard, leases, metrics, hot=hot, tasks=tasks)
+    keeper = Keeper(backing)
+    finder = Finder(backing, keeper, Matchers(m, list(profiles)), lambda ex: cfg.coalesce.max_wait_s)
+    return Cache(backing, finder, keeper)

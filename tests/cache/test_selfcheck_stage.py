@@ -58,8 +58,9 @@ def stage_with_selfcheck(draws: Draws) -> tuple[Cache, SelfCheck, MemoryBins]:
     stage = cache_stage(config(), MemoryStore(), m)
     sc_cfg = CacheSelfCheck(enabled=True, share=0.5, target=0.5, min_checks=3, bins=[0.6, 0.8])
     bins = MemoryBins()
-    stage.selfcheck = SelfCheck(sc_cfg, bins, stage.guard, stage.metrics, Tasks(stage.metrics), draw=draws)
-    return stage, stage.selfcheck, bins
+    b = stage.b
+    b.selfcheck = SelfCheck(sc_cfg, bins, b.guard, b.metrics, Tasks(b.metrics), draw=draws)
+    return stage, b.selfcheck, bins
 
 
 def ask(topic: str, colour: str) -> dict[str, Any]:
@@ -91,9 +92,9 @@ async def test_a_learning_bin_checks_upstream_then_serves_once_its_bound_reaches
     assert (served.cache, served.upstream, served.headers["x-gate-cache-match"]) == ("hit", False, "semantic")
     assert served.text() == "All about the refund policy."
     assert model.calls == 5
-    assert stage.metrics.selfcheck_checks.labels("en", "0.80", "agreed")._value.get() == 4
-    assert stage.metrics.selfcheck_serving.labels("acme", "en", "0.80")._value.get() == 1
-    assert stage.metrics.cache_requests.labels("check")._value.get() == 4
+    assert stage.b.metrics.selfcheck_checks.labels("en", "0.80", "agreed")._value.get() == 4
+    assert stage.b.metrics.selfcheck_serving.labels("acme", "en", "0.80")._value.get() == 1
+    assert stage.b.metrics.cache_requests.labels("check")._value.get() == 4
 
 
 async def test_a_serving_bin_whose_check_finds_a_wrong_answer_stops_serving_at_once() -> None:
@@ -115,7 +116,7 @@ async def test_a_serving_bin_whose_check_finds_a_wrong_answer_stops_serving_at_o
     assert (after.cache, after.upstream) == ("check", True)
     again = await send(stage, ask("shipping", "red"), model)  # the wrong answer is not repeated either
     assert (again.cache, again.text()) == ("check", "All about the shipping policy.")
-    assert stage.metrics.selfcheck_serving.labels("acme", "en", "0.80")._value.get() == 0
+    assert stage.b.metrics.selfcheck_serving.labels("acme", "en", "0.80")._value.get() == 0
 
 
 async def test_candidates_of_other_tenants_learn_in_their_own_bins() -> None:

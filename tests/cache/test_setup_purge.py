@@ -61,7 +61,7 @@ def test_a_chinese_tenant_can_have_the_multilingual_embedder(model_dir: Path) ->
 
 def test_default_gate_caches_in_process() -> None:
     stage = Cache.build(Config(), Services.build(Config(), Metrics()))
-    assert isinstance(stage.store, MemoryStore) and stage.config.enabled
+    assert isinstance(stage.b.store, MemoryStore) and stage.config.enabled
 
 
 def test_purge_cli_by_tenant_and_by_key(

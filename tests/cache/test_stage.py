@@ -35,7 +35,7 @@ def stage_on(store: Store, embedder: WordEmbedder | None = None, **cfg: object) 
 
 
 def count(stage: Cache, result: str) -> float:
-    return stage.metrics.cache_requests.labels(result)._value.get()  # type: ignore[no-any-return]
+    return stage.b.metrics.cache_requests.labels(result)._value.get()  # type: ignore[no-any-return]
 
 
 async def test_repeat_is_a_hit_with_the_same_answer_and_a_fresh_id(store: Store) -> None:
@@ -48,7 +48,7 @@ async def test_repeat_is_a_hit_with_the_same_answer_and_a_fresh_id(store: Store)
     assert (near.cache, near.headers["x-gate-cache-match"]) == ("hit", "near")
     assert again.text() == first.text() == "Answer 1 to: What is the capital of France?"
     assert b"chatcmpl-up" not in again.body
-    assert up.calls == 1 and not stage.leases.local and not len(stage.leases.wakeups)
+    assert up.calls == 1 and not stage.b.leases.local and not len(stage.b.leases.wakeups)
 
 
 async def test_paraphrase_hits_by_meaning_and_should_miss_misses(store: Store) -> None:
@@ -116,7 +116,7 @@ async def test_identical_burst_reaches_the_model_once(store: Store) -> None:
     assert up.calls == 1
     assert sorted(r.cache or "" for r in results) == ["coalesced"] * 19 + ["miss"]
     assert {r.text() for r in results} == {"Answer 1 to: burst"}
-    assert not stage.leases.local and not len(stage.leases.wakeups)
+    assert not stage.b.leases.local and not len(stage.b.leases.wakeups)
 
 
 async def test_a_paraphrase_joins_the_request_in_flight_instead_of_calling_the_model(store: Store) -> None:
@@ -134,7 +134,7 @@ async def test_a_paraphrase_joins_the_request_in_flight_instead_of_calling_the_m
     assert up.calls == 2
     repeat = await send(stage, chat("What is the capital city of France?"), up)  # kept under its own key
     assert (repeat.cache, repeat.text(), up.calls) == ("hit", first.text(), 2)
-    assert not stage.leases.local and not len(stage.leases.wakeups)
+    assert not stage.b.leases.local and not len(stage.b.leases.wakeups)
 
 
 async def test_joining_flights_can_be_turned_off(store: Store) -> None:
@@ -218,7 +218,7 @@ async def test_embedder_failure_keeps_the_exact_path(store: Store) -> None:
     await send(stage, chat("What is the capital of France?"), up)
     assert (await send(stage, chat("What is the capital of France?"), up)).cache == "hit"
     assert (await send(stage, chat("What is the capital city of France?"), up)).cache == "miss"
-    skips = stage.metrics.cache_semantic_skips.labels("embed_error")._value.get()
+    skips = stage.b.metrics.cache_semantic_skips.labels("embed_error")._value.get()
     assert skips == 2  # the hit never embedded
 
 
@@ -241,7 +241,7 @@ async def test_dead_redis_skips_the_cache_and_every_request_is_answered(redis_se
         assert [r.status for r in results] == [200] * 10
         assert {r.cache for r in results} == {"bypass"}
         assert count(stage, "skipped") == 10
-        assert stage.metrics.store_errors.labels("cache_lookup", "ConnectionError")._value.get() > 0
+        assert stage.b.metrics.store_errors.labels("cache_lookup", "ConnectionError")._value.get() > 0
     finally:
         redis_server.start()
         await client.aclose()

@@ -1,0 +1,102 @@
+"""Keeping a miss's answer: captured as it passes (JSON or SSE), stored, and the request's
+followers handed it (or one of them the lead) however the exchange ends."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Coroutine
+from typing import Any
+
+from ..exchange import Exchange
+from .backing import Backing
+from .entry import Capture, Count, Entry, content_kind
+from .flight import Flight
+from .selfcheck import Check
+from .store import Put
+
+ABANDONED_TTL_MS = 60_000
+CHECK = "cache.check"  # ex.state: the self-check this request carries upstream
+
+
+class Keeper:
+    def __init__(self, backing: Backing, count: Count | None = None) -> None:
+        self.b = backing
+        self.count = count  # the gate's tokenizer, for the usage of answers that came without one
+
+    async def headers(self, ex: Exchange, f: Flight, status: int, headers: dict[str, str]) -> None:
+        """The answer's headers: capture it when it can be kept, else let the followers go."""
+        kind = content_kind(headers.get("content-type", ""))
+        if f.access.store and 200 <= status < 300 and kind is not None:
+            limit = self.b.config.max_entry_bytes
+            f.capture = Capture(kind, limit, self.b.clock, ex.prompt_tokens, self.count)
+            ex.capture_body = True
+            return
+        if f.access.store:
+            self.b.metrics.cache_stores.labels("uncacheable").inc()
+        await self.finish(f, None, stored=False)
+
+    async def body(self, ex: Exchange, f: Flight, chunk: bytes, end: bool) -> None:
+        if f.capture is None:
+            return
+        f.capture.feed(chunk)
+        # A stream is whole at [DONE]: store it before [DONE] goes on to the client, which may
+        # close the connection right there (OpenAI's sync SDK does) before Envoy's end arrives.
+        if not end and not f.capture.complete:
+            return
+        capture, f.capture = f.capture, None
+        kept = capture.finish(self.b.config.cache_tool_calls)
+        if kept is None:
+            self.b.metrics.cache_stores.labels("uncacheable").inc()
+            await self.finish(f, None, stored=False)
+            return
+        body, events = kept
+        check = ex.state.get(CHECK)
+        if isinstance(check, Check) and self.b.selfcheck is not None:
+            self.b.selfcheck.compare(check, capture.kind, body, events)
+        entry = Entry(capture.kind, body, events, f.q.text or "", f.q.model, f.q.tenant, time.time())
+        await self.put(f, entry, with_vector=True)
+
+    async def alias(self, f: Flight, entry: Entry, source: str, cosine: float) -> None:
+        """Keep a paraphrase's answer under its own exact key: its repeats and followers need no
+        model. Not under self-check: a repeat asks its bin again, as an alias would outlive a
+        bin that stopped."""
+        if not f.access.store or self.b.selfcheck is not None:
+            return
+        alias = Entry(entry.kind, entry.body, entry.events, f.q.text or "", entry.model, entry.tenant,
+                      time.time(), source=source, similarity=cosine)
+        await self.put(f, alias, with_vector=False)
+
+    async def put(self, f: Flight, entry: Entry, *, with_vector: bool) -> None:
+        vector = f.vector.astype("float32").tobytes() if with_vector and f.vector is not None else None
+        raw = entry.dump()
+        ttl_ms, most = int(self.b.ttl_s(entry) * 1000), self.b.config.max_entries_per_scope
+        item = Put(f.q.scope, f.key, raw, ttl_ms, most, f.q.tenant, f.q.model, vector,
+                   f.bands if vector else (), f.token)
+        b = self.b
+        stored = await b.guard.run(_true(b.store.put(item)), False, "cache_put", b.op_timeout_s)
+        self.b.metrics.cache_stores.labels("stored" if stored else "failed").inc()
+        if stored:
+            self.b.keep_hot(f.q.scope, f.key, entry, len(raw))
+        await self.finish(f, raw, stored=stored)
+
+    async def finish(self, f: Flight, entry: bytes | None, *, stored: bool) -> None:
+        """Lead no more: followers get `entry` (or one of them takes over), the lease goes back."""
+        token, f.token = f.token, None
+        if token is not None:
+            await self.b.leases.finish(f.q.scope, f.key, token, entry, stored=stored)
+
+    async def done(self, ex: Exchange, f: Flight) -> None:
+        """The exchange ended while this request still led: note a client that gave up waiting
+        (its retry is then refused in vain), and hand the lead on."""
+        if f.token is None:
+            return
+        if ex.status is None and ex.upstream_started is not None:
+            waited_ms = round((time.perf_counter() - ex.upstream_started) * 1000)
+            await self.b.guard.run(self.b.store.abandon(f.q.scope, f.key, waited_ms, ABANDONED_TTL_MS), None,
+                                   "cache_abandon", self.b.op_timeout_s)
+        await self.finish(f, None, stored=False)
+
+
+async def _true(call: Coroutine[Any, Any, None]) -> bool:
+    await call
+    return True
