@@ -1,11 +1,11 @@
 """Micro-batching across concurrent streams, inference in worker threads that never wait for the loop.
 
 Each ``embed(text)`` call queues its text and awaits a future. ``workers`` threads each take
-what is queued (up to ``max_batch``; when a thread finds a single text it waits ``window_s``
-for company), run the model (ONNX Runtime releases the GIL), hand the whole batch back to the
-event loop in one callback, and take the next batch at once: a thread does not wait for the
-loop to dispatch the previous results, and with two or more workers the next batch forms
-and runs while the previous one is still running.
+what is queued (up to ``max_batch``; when a thread finds a single text while texts arrive close
+together, it waits ``window_s`` for company), run the model (ONNX Runtime releases the GIL),
+hand the whole batch back to the event loop in one callback, and take the next batch at once:
+a thread does not wait for the loop to dispatch the previous results, and with two or more
+workers the next batch forms and runs while the previous one is still running.
 
 Shedding. ``timeout_s`` is the caller's budget; the embedder gives up at ``GIVE_UP`` of it, so
 that its own shed, not the caller's time box of the same length, ends the wait and says why.
@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import os
 import threading
 import time
@@ -35,6 +36,9 @@ from .token_states import TokenStates, TokenStatesCache
 
 SHED_REASONS = ("queue_full", "late", "timeout")
 GIVE_UP = 0.9  # of the caller's budget: the embedder's shed comes first, with its reason
+# A lone text waits `window_s` for company only when the text before it came at most this many
+# windows earlier: at one request at a time the wait would only add to every embedding.
+COMPANY_GAPS = 2.0
 
 
 class EmbedShedError(Exception):
@@ -123,6 +127,7 @@ class BatchStats:
     texts: int = 0
     errors: int = 0
     max_size: int = 0
+    windows: int = 0  # times a lone text waited `window_s` for company
     infer_s_total: float = 0.0
     infer_s_max: float = 0.0
     queue_wait_s_total: float = 0.0
@@ -195,6 +200,8 @@ class BatchingEmbedder:
         self._threads: list[threading.Thread] = []
         self._running = 0  # texts in batches being computed
         self._per_text_s: float | None = None  # EWMA of one worker's inference time per text
+        self._last_at = -math.inf  # when the last text arrived
+        self._gap_s = math.inf  # between the last two texts
         self._closed = False
         # Token states of what was embedded, from the same forward pass (the dedup verifier's).
         read = getattr(inner, "embed_with_states", None) if getattr(inner, "reads_states", False) else None
@@ -222,6 +229,7 @@ class BatchingEmbedder:
             if budget is not None and wait > budget:
                 raise self._shed("late", wait)
             self._pending.append(item)
+            self._gap_s, self._last_at = now - self._last_at, now
             self._cond.notify()
         self._ensure_started()
         try:
@@ -291,7 +299,8 @@ class BatchingEmbedder:
                     self._cond.wait()  # another batch runs: let this one grow meanwhile
                     continue
                 batch = self._drain([])
-                if len(batch) == 1 and self.window_s > 0 and self._running == 0:
+                if len(batch) == 1 and self._running == 0 and 0 < self._gap_s <= COMPANY_GAPS * self.window_s:
+                    self.stats.windows += 1
                     self._cond.wait(self.window_s)
                     batch = self._drain(batch)
                 batch = self._drop_late(batch)

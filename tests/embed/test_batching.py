@@ -345,3 +345,18 @@ def test_the_cgroup_quota_caps_the_cores(
     cpu_max: str | None, v1_quota: str | None, v1_period: str | None, cores: int | None
 ) -> None:
     assert quota_cores(cpu_max, v1_quota, v1_period) == cores
+
+
+async def test_a_lone_text_waits_for_company_only_while_texts_arrive_close_together() -> None:
+    inner = Slow(seconds=0.002)
+    emb = BatchingEmbedder(inner, max_batch=8, window_s=0.05, workers=1)
+    try:
+        for i in range(4):  # one request at a time, well apart: no text waits for another
+            await emb.embed(f"alone {i}")
+            await asyncio.sleep(0.3)
+        assert emb.stats.windows == 0
+        for i in range(3):  # back to back: each next text comes within a few ms
+            await emb.embed(f"close {i}")
+    finally:
+        await emb.aclose()
+    assert emb.stats.windows >= 2
