@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import time
-from typing import Any
+from typing import Any, TextIO
 
 import orjson
 
@@ -46,3 +48,52 @@ def log_access(ex: Exchange, busy_s: float) -> None:
         # A record made directly: `log.info` would walk the stack for a caller nobody logs.
         line = orjson.dumps(access_record(ex, busy_s)).decode()
         log.handle(log.makeRecord(log.name, logging.INFO, __file__, 0, line, (), None))
+
+
+class BatchedLines(logging.Handler):
+    """The access lines of one process, written together: one write per `flush_s` (or per
+    `max_lines`) instead of one per request, each a system call, and the time stamp formatted
+    once a second. Lines look like the process's other log lines (`prefix` after the time).
+    A line waits at most `flush_s` (a timer on the event loop that logged it); the rest are
+    written when the handler closes (logging's shutdown at exit)."""
+
+    def __init__(self, stream: TextIO, prefix: str, flush_s: float = 0.1, max_lines: int = 256) -> None:
+        super().__init__(logging.INFO)
+        self.stream = stream
+        self.prefix = prefix
+        self.flush_s = flush_s
+        self.max_lines = max_lines
+        self._lines: list[str] = []
+        self._second = -1
+        self._stamp = ""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        second = int(record.created)
+        if second != self._second:
+            self._second, self._stamp = second, time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(second))
+        self._lines.append(f"{self._stamp},{int(record.msecs):03d} {self.prefix} {record.getMessage()}\n")
+        if len(self._lines) >= self.max_lines:
+            self.flush()
+        elif len(self._lines) == 1:
+            try:
+                asyncio.get_running_loop().call_later(self.flush_s, self.flush)
+            except RuntimeError:  # no event loop here: nothing would flush it later
+                self.flush()
+
+    def flush(self) -> None:
+        lines, self._lines = self._lines, []
+        if lines:
+            with contextlib.suppress(OSError, ValueError):  # a closed stream at exit
+                self.stream.write("".join(lines))
+                self.stream.flush()
+
+    def close(self) -> None:
+        self.flush()
+        super().close()
+
+
+def batch_access_lines(stream: TextIO, prefix: str) -> None:
+    """Send the access logger's lines to `stream` in batches, apart from the other logs."""
+    handler = BatchedLines(stream, prefix)
+    log.addHandler(handler)
+    log.propagate = False

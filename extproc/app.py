@@ -7,9 +7,11 @@ import contextlib
 import gc
 import logging
 import signal
+import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+from .access import batch_access_lines
 from .admin import start_admin
 from .config import Config, ConfigError, Routing, load_config
 from .metrics import Metrics
@@ -205,6 +207,7 @@ def run_process(config: Config, index: int, config_path: Path | None = None) -> 
     import uvloop
 
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s gate[{index}] %(levelname)s %(message)s")
+    batch_access_lines(sys.stderr, f"gate[{index}] INFO")
     try:
         uvloop.run(run_gate(config, index, config_path))
     except ListenError as exc:

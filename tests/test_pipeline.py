@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
+import io
 import logging
+import re
 
 import orjson
 import pytest
 
-from extproc.access import access_record
+from extproc.access import BatchedLines, access_record
 from extproc.config import Config, parse_config
 from extproc.exchange import Exchange, Reply
 from extproc.metrics import Metrics
@@ -91,3 +94,27 @@ def test_the_access_line_names_the_request_but_never_its_key_or_prompt(
     [line] = [r.getMessage() for r in caplog.records if r.name == "llm_gate.access"]
     assert orjson.loads(line)["request_id"] == "req-42"
     assert "secret" not in line
+
+
+async def test_access_lines_are_written_in_batches_and_none_is_lost() -> None:
+    stream = io.StringIO()
+    handler = BatchedLines(stream, "gate[3] INFO", flush_s=0.05, max_lines=4)
+    logger = logging.getLogger("llm_gate.access.batch-test")
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+    try:
+        for i in range(3):
+            logger.info('{"n":%d}', i)
+        assert stream.getvalue() == ""  # held until the timer or a full batch
+        await asyncio.sleep(0.15)
+        lines = stream.getvalue().splitlines()
+        assert [line.split(" gate[3] INFO ")[1] for line in lines] == ['{"n":0}', '{"n":1}', '{"n":2}']
+        assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}", lines[0].split(" gate[3]")[0])
+        for i in range(3, 9):
+            logger.info('{"n":%d}', i)
+        assert len(stream.getvalue().splitlines()) == 7  # a full batch went at once
+        handler.close()  # at exit: the rest
+        assert len(stream.getvalue().splitlines()) == 9
+    finally:
+        logger.removeHandler(handler)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import httpx
 
@@ -39,4 +40,7 @@ def test_weighted_sticky_versions_and_the_trusted_canary_header() -> None:
             expected = [choose_version(table, caller_key("acme", f"u{i}", MODEL)).name for i in range(40)]
             assert [r.headers["x-gate-version"] for r in other] == expected  # the header changed nothing
             assert "v1" in expected
+        deadline = time.monotonic() + 2  # access lines are written in batches, every 0.1 s
+        while '"version":"v2"' not in stack.log("gate") and time.monotonic() < deadline:
+            time.sleep(0.05)
         assert '"version":"v2"' in stack.log("gate")  # the access line names the version
