@@ -2,7 +2,8 @@
 
 A stage that fails unexpectedly is counted in `gate_stage_errors_total`. A fail-closed
 stage (identity, validation, limits) then answers a JSON 500 with the request id: a check
-that could not run must not wave the request through. Any other stage is skipped for that
+that could not run must not wave the request through; one that checks answers (the
+guardrail) has the answer withheld the same way. Any other stage is skipped for that
 request, which goes on.
 """
 
@@ -86,9 +87,17 @@ class Pipeline:
     async def on_request(self, ex: Exchange) -> Reply | None:
         return await self._until_reply("on_request", ex)
 
-    async def on_response(self, ex: Exchange, status: int, headers: dict[str, str]) -> None:
+    async def on_response(self, ex: Exchange, status: int, headers: dict[str, str]) -> Reply | None:
+        """None: the answer goes on. A reply: a fail-closed stage could not check the answer
+        (the guardrail), which is withheld and the client gets this instead."""
         for stage in reversed(self._hooks["on_response"]):
-            await self._call(stage, "on_response", stage.on_response(ex, status, headers))
+            try:
+                await stage.on_response(ex, status, headers)
+            except Exception:
+                reply = self._failed(stage, "on_response", ex)
+                if reply is not None:
+                    return reply
+        return None
 
     async def on_response_body(self, ex: Exchange, chunk: bytes, end: bool) -> None:
         for stage in reversed(self._hooks["on_response_body"]):
@@ -134,9 +143,10 @@ class Pipeline:
         self.metrics.stage_errors.labels(stage.name, hook.removeprefix("on_")).inc()
         if not stage.fail_closed:
             return None
+        what = "the answer was withheld" if hook == "on_response" else "the request was not sent on"
         return error_reply(
             500,
-            f"The gate could not complete its '{stage.name}' check, so the request was not sent on. "
+            f"The gate could not complete its '{stage.name}' check, so {what}. "
             f"Retry; if it persists, give the operator request id {ex.request_id}.",
             type="server_error",
             code="gate_error",

@@ -164,7 +164,9 @@ class Session:
         headers = header_map(message)
         status = int(headers.get(":status", "0") or 0)
         ex.status = status
-        await self.pipeline.on_response(ex, status, headers)
+        withheld = await self.pipeline.on_response(ex, status, headers)
+        if withheld is not None:  # the answer could not be checked: the client gets this instead
+            return self._reply(ex, withheld)
         self.answered = True
         out = dict(ex.client_headers)
         out[REQUEST_ID_HEADER] = out[CLIENT_REQUEST_ID] = ex.request_id
@@ -190,14 +192,23 @@ class Session:
         ex.decision, ex.status = reply.decision, reply.status
         headers = {**reply.headers, **ex.client_headers, REQUEST_ID_HEADER: ex.request_id,
                    CLIENT_REQUEST_ID: ex.request_id}
-        await self.pipeline.on_response(ex, reply.status, headers)
+        withheld = await self.pipeline.on_response(ex, reply.status, headers)
+        if withheld is not None:
+            return self._reply(ex, withheld)
         self.answered = True
         body = reply.body if ex.body_filter is None else ex.body_filter(reply.body, True)
         return immediate_response(Reply(reply.status, body, headers, reply.decision))
 
+    def _reply(self, ex: Exchange, reply: Reply) -> pb.ProcessingResponse:
+        """The gate's answer in place of another (nothing after it runs on this exchange)."""
+        ex.decision, ex.status = reply.decision, reply.status
+        self.answered = True
+        headers = {**reply.headers, REQUEST_ID_HEADER: ex.request_id, CLIENT_REQUEST_ID: ex.request_id}
+        return immediate_response(Reply(reply.status, reply.body, headers, reply.decision))
+
     def _not_found(self, ex: Exchange) -> pb.ProcessingResponse:
         """A path the gate neither handles nor lets through: nothing of it reaches a model."""
-        reply = error_reply(
+        return self._reply(ex, error_reply(
             404,
             f"{ex.method} {ex.path.split('?', 1)[0][:200]} is not served here. This gateway serves "
             + ", ".join(f"POST {p}" for p in sorted(self.pipeline.handled_paths))
@@ -205,16 +216,9 @@ class Session:
             + ", ".join(" ".join(e) for e in sorted(self.pipeline.passthrough))
             + f". Request id {ex.request_id}.",
             code="not_found",
-            headers={
-                SHOULD_RETRY: "false",
-                REQUEST_ID_HEADER: ex.request_id,
-                CLIENT_REQUEST_ID: ex.request_id,
-            },
+            headers={SHOULD_RETRY: "false"},
             decision="not_found",
-        )
-        ex.decision, ex.status = reply.decision, reply.status
-        self.answered = True
-        return immediate_response(reply)
+        ))
 
     def _exchange(self) -> Exchange:
         if self.ex is None:

@@ -179,3 +179,33 @@ async def test_with_every_optional_stage_off_a_pools_5xx_still_says_do_not_retry
     samples = metrics.stage_seconds.collect()[0].samples
     timed = {s.labels["stage"] for s in samples if s.name.endswith("_count")}
     assert timed == {"identity", "validate", "route", "prompt_limit"}
+
+
+async def test_an_answer_the_guardrail_cannot_read_is_withheld() -> None:
+    """A listed tenant's answer that came compressed (the gate asked for plain bytes) cannot be
+    checked for personal data: the client gets a JSON 500 instead of it."""
+    config = Config.model_validate({"guardrail": {"tenants": ["anonymous"]}, "cache": {"enabled": False}})
+    pipeline = build_pipeline(config, Metrics())
+    await pipeline.start()
+    running = await start_server(pipeline, "127.0.0.1", 0, 2 << 20)
+
+    def answer_headers(**extra: str) -> pb.ProcessingRequest:
+        values = {":status": "200", "content-type": "application/json", **extra}
+        hv = [base_pb2.HeaderValue(key=k, raw_value=v.encode()) for k, v in values.items()]
+        return pb.ProcessingRequest(response_headers=pb.HttpHeaders(headers=base_pb2.HeaderMap(headers=hv)))
+
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{running.port}") as channel:
+            stub = pb_grpc.ExternalProcessorStub(channel)
+            gzip = answer_headers(**{"content-encoding": "gzip"})
+            *_, answer = await exchange(stub, headers(POST), body(GOOD), gzip)
+            *_, plain = await exchange(stub, headers(POST), body(GOOD), answer_headers())
+    finally:
+        await running.server.stop(0)
+        await running.processor.pipeline.aclose()
+    immediate = answer.immediate_response
+    error = orjson.loads(immediate.body)["error"]
+    assert immediate.status.code == 500 and error["code"] == "gate_error"
+    assert "'guardrail'" in error["message"] and "withheld" in error["message"]
+    assert set_headers(immediate.headers)["x-request-id"] in error["message"]
+    assert plain.HasField("response_headers")  # a plain answer goes on (with its filter)

@@ -2,7 +2,9 @@
 `guardrail.tenants` (off for every other tenant), upstream answers and cache replays alike.
 
 The stage puts a body filter on the exchange (`ex.body_filter`); the stream loop sends each
-response chunk through it and on in its place, and cached answers replay through it.
+response chunk through it and on in its place, and cached answers replay through it. It fails
+closed: an answer for a listed tenant that it cannot read (compressed, or neither JSON nor
+SSE) or cannot check (its own error) is withheld, and the client gets a JSON 500 instead.
 """
 
 from __future__ import annotations
@@ -24,9 +26,13 @@ NAME = "guardrail"
 REPLAYS = frozenset({"cache_hit", "coalesced"})  # answers the gate gives itself, from the cache
 
 
+class UnreadableAnswerError(Exception):
+    """An answer the redaction cannot read: it is withheld rather than sent unchecked."""
+
+
 class Guardrail(Stage):
     name = NAME
-    fail_closed = False  # it acts on answers: nothing to refuse; a broken filter is counted
+    fail_closed = True  # an answer it could not check is withheld
     store_down = "not used"
 
     def __init__(self, config: GuardrailConfig, metrics: Metrics) -> None:
@@ -52,9 +58,10 @@ class Guardrail(Stage):
             return
         source = "replay" if ex.decision in REPLAYS else "upstream"
         kind = content_kind(headers.get("content-type", ""))
-        if kind is None or headers.get("content-encoding", "identity").lower() != "identity":
+        encoding = headers.get("content-encoding", "identity").lower()
+        if kind is None or encoding != "identity":
             self.metrics.guardrail_answers.labels(source, "unreadable").inc()
-            return
+            raise UnreadableAnswerError(f"{headers.get('content-type', 'no content-type')}, {encoding}")
         answer = AnswerFilter(kind, self.kinds)
         counter, answers = self.metrics.guardrail_redactions, self.metrics.guardrail_answers
         total = 0

@@ -1,9 +1,11 @@
 from __future__ import annotations
 
+import pytest
+
 from extproc.config import Guardrail as GuardrailConfig
 from extproc.exchange import Exchange
 from extproc.metrics import Metrics
-from extproc.stages.guardrail import Guardrail
+from extproc.stages.guardrail import Guardrail, UnreadableAnswerError
 
 SSE = {"content-type": "text/event-stream"}
 ANSWER = b'data: {"choices":[{"index":0,"delta":{"content":"mail a@b.io"},"finish_reason":"stop"}]}\n\n'
@@ -33,19 +35,18 @@ async def test_listed_tenant_gets_a_filter_that_redacts_and_counts() -> None:
     assert sample(metrics, "gate_guardrail_answers_total", source="upstream", outcome="redacted") == 1
 
 
-async def test_other_tenants_errors_and_unreadable_bodies_get_no_filter() -> None:
+async def test_other_tenants_and_errors_get_no_filter_and_unreadable_answers_are_withheld() -> None:
     metrics = Metrics()
     stage = Guardrail(GuardrailConfig(tenants=["finance"]), metrics)
-    for tenant, status, headers in [
-        ("shop", 200, SSE),
-        ("finance", 400, {"content-type": "application/json"}),
-        ("finance", 200, {"content-type": "text/plain"}),
-        ("finance", 200, {**SSE, "content-encoding": "gzip"}),
-    ]:
+    error = {"content-type": "application/json"}
+    for tenant, status, headers in [("shop", 200, SSE), ("finance", 400, error)]:
         ex = exchange(tenant)
         await stage.on_headers(ex)
         await stage.on_response(ex, status, headers)
         assert ex.body_filter is None, (tenant, status, headers)
+    for headers in [{"content-type": "text/plain"}, {**SSE, "content-encoding": "gzip"}]:
+        with pytest.raises(UnreadableAnswerError):  # the pipeline withholds it: a JSON 500 instead
+            await stage.on_response(exchange("finance"), 200, headers)
     assert sample(metrics, "gate_guardrail_answers_total", source="upstream", outcome="unreadable") == 2
 
 
