@@ -42,7 +42,8 @@ REPOS = {
 }
 JBB = [f"attack-artifacts/{method}/{kind}/{model}.json"
        for method, kind in (("PAIR", "black_box"), ("GCG", "transfer"), ("GCG", "white_box"),
-                            ("JBC", "manual"), ("DSN", "white_box"), ("prompt_with_random_search", "black_box"))
+                            ("JBC", "manual"), ("DSN", "white_box"),
+                            ("prompt_with_random_search", "black_box"))
        for model in ("gpt-3.5-turbo-1106", "gpt-4-0125-preview", "llama-2-7b-chat-hf", "vicuna-13b-v1.5")]
 DEEPSET = ["data/raw/train-00000-of-00001-9564e8b05b4757ab.parquet",
            "data/raw/test-00000-of-00001-701d16158af87368.parquet"]
@@ -112,7 +113,8 @@ def jailbreakbench(repos: Path) -> list[str]:
     texts = []
     for path in JBB:
         if _exists(repos, repo, path):
-            texts += [j["prompt"] for j in json.loads(_show(repos, repo, path))["jailbreaks"] if j.get("prompt")]
+            found = json.loads(_show(repos, repo, path))["jailbreaks"]
+            texts += [j["prompt"] for j in found if j.get("prompt")]
     return texts
 
 
@@ -124,7 +126,8 @@ def promptinject(repos: Path) -> list[str]:
              for t in node.targets if isinstance(t, ast.Name) and t.id in wanted}
     attacks = [a["instruction"] for name in ("goal_hikacking_attacks", "prompt_leaking_attacks")
                for a in found[name].values()]
-    return [a.replace("{REPLACE_rogue_string}", rogue) for a in attacks for rogue in found["rogue_strings"].values()]
+    rogues = found["rogue_strings"].values()
+    return [a.replace("{REPLACE_rogue_string}", rogue) for a in attacks for rogue in rogues]
 
 
 def injections(repos: Path) -> list[Sample]:
