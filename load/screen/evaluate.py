@@ -30,7 +30,8 @@ def main() -> None:
     args = p.parse_args()
     head = load_head(args.head)
     samples, x = dataset(args)
-    scores = head.scores(x)
+    texts = [s.text for s in samples]
+    scores = head.scores(x, texts if head.lex is not None else None)
     src = np.array([s.source for s in samples])
     split = np.array([s.split for s in samples])
     lang = np.array([s.lang for s in samples])
@@ -47,16 +48,24 @@ def main() -> None:
     lines = [
         "# Injection screen: evaluation",
         "",
-        f"Head: `{head.kind}` on `{head.embedder}` vectors, shipped threshold {head.threshold:.4f}. "
-        f"Command: `python -m load.screen.evaluate --repos DIR` (seed {args.seed}, "
-        f"{args.per_source} benign texts drawn per benign source; data: load/screen/data.py).",
+        f"Head: `{head.kind}` on `{head.embedder}` vectors"
+        + (f" and the text's hashed character n-grams ({1 << head.lex_bits:,} buckets)"
+           if head.lex is not None else "")
+        + f", shipped threshold {head.threshold:.4f}. Commands: `python -m load.screen.train --repos DIR` "
+        f"then `python -m load.screen.evaluate --repos DIR` (seed {args.seed}, {args.per_source} "
+        "benign texts drawn per benign source; data: load/screen/data.py, each repository at its "
+        "pinned commit). "
+        "The head's kind was chosen out of source, without the held-out source "
+        "(`python -m load.screen.sweep`, load/results/screen_loso.md).",
         "",
         "## Detection at fixed false-positive rates",
         "",
         "The threshold is set on each benign reference (its test split) at the false-positive "
-        "rate of the column; detection is the share of injection texts above it. No Chinese "
-        "injection texts were in the public sources read, so every detection figure is over "
-        "(mostly English) injection texts; the zh rows say what the zh false-positive budget costs.",
+        "rate of the column; detection is the share of injection texts above it. No Chinese-language "
+        "injection prompts were in the public sources read (the few injection texts counted as zh "
+        "below hold Han characters in an adversarial suffix or a quoted phrase), so every detection "
+        "figure is over (mostly English) injection texts; the zh rows say what the zh "
+        "false-positive budget costs.",
         "",
         "| injections | benign reference (n) | " + " | ".join(f"@ {f:.1%} FP" for f in FPRS) + " |",
         "|---|---|" + "---|" * len(FPRS),
@@ -85,18 +94,30 @@ def main() -> None:
     hard = (src == "hard") & (label == 0)
     missed = [s.text for s, sc in zip(samples, scores, strict=True)
               if s.source == "hard" and sc > head.threshold]
-    lines += ["", f"Hard benign texts flagged at the shipped threshold (all splits): {len(missed)} of "
-              f"{int(hard.sum())}."]
-    lines += [f"- {t}" for t in missed]
-    vec = x[0]
-    timings = []
-    for _ in range(5000):
-        t0 = time.perf_counter()
-        head.score(vec)
-        timings.append(time.perf_counter() - t0)
-    p50 = np.median(timings) * 1e6
-    lines += ["", f"Head cost per screened text (beyond the embedding): p50 {p50:.1f} µs, "
-              f"p99 {np.quantile(timings, 0.99) * 1e6:.1f} µs over 5,000 calls on this machine.", ""]
+    hard_test = [s.text for s, sc in zip(samples, scores, strict=True)
+                 if s.source == "hard" and s.split == "test" and sc > head.threshold]
+    lines += ["", f"Hard benign texts flagged at the shipped threshold: {len(missed)} of {int(hard.sum())} "
+              f"(all splits; {len(hard_test)} of {int((hard & test).sum())} in the test split, "
+              "never trained on)."]
+    lines += [f"- {t}" + (" (test split)" if t in hard_test else "") for t in missed]
+    lines += ["", "Head cost per screened text (beyond the embedding; the n-grams of the whole text and "
+              "the MLP on its vector), one call at a time on this machine:", "",
+              "| texts | calls | p50 | p99 |", "|---|---:|---:|---:|"]
+    service = [i for i, s in enumerate(samples) if s.source in ("clinc", "atec") and s.split == "test"]
+    every_test = [i for i, s in enumerate(samples) if s.split == "test" or s.source == HELD_OUT]
+    longest = sorted(range(len(samples)), key=lambda i: len(samples[i].text))[-50:]
+    for name, idx in (("customer-service questions (CLINC150, ATEC test)", service),
+                      ("every test text and the held-out source", every_test),
+                      ("the 50 longest texts", longest)):
+        timings = []
+        for _ in range(max(1, 5000 // len(idx))):
+            for i in idx:
+                t0 = time.perf_counter()
+                head.score(x[i], texts[i] if head.lex is not None else None)
+                timings.append(time.perf_counter() - t0)
+        lines.append(f"| {name} | {len(timings):,} | {np.median(timings) * 1e6:.1f} µs | "
+                     f"{np.quantile(timings, 0.99) * 1e6:.1f} µs |")
+    lines.append("")
     model = embedder(threads=1)
     questions = [s.text for s in samples if s.source in ("clinc", "atec")][:64]
     model.embed_sync(questions[:4])  # warm

@@ -1,46 +1,109 @@
-"""Which head generalises beyond its sources: `python -m load.screen.sweep --repos DIR`.
+"""Which head generalises beyond its sources: `python -m load.screen.sweep --repos DIR`
+writes load/results/screen_loso.md.
 
-Each fold leaves one training source's injections out of training and measures detection on
-them at 0.5% false positives on the benign validation split. The held-out source is never
-read here.
+Leave one source out: each fold takes one training source's injections out of training (all
+its splits; the benign sources stay) and measures detection on them at 0.7% false positives
+on the benign references (the test split of CLINC150, en, and of ATEC, zh) and at 0.5% on
+the benign validation split (the rate the shipped threshold is set at). The candidates: the
+MLP over the embedding alone, and with the n-gram model's logit added at several weights and
+L2 strengths; each with the classes weighted equally, and within the benign class (or both
+classes) each source weighted equally too.
+The rule, fixed before the folds were run: the candidate with the highest worst-fold
+detection at 0.7% FP against either customer-service reference is shipped
+(`load.screen.train`'s defaults). The held-out source (Tensor Trust) plays no part in the
+choice; its columns show how far each fold's head carries.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import time
+from pathlib import Path
 
 import numpy as np
 
-from extproc.safety.screen import Head
-
 from .data import HELD_OUT
-from .fit import detection_at, fit_logistic, fit_mlp
-from .train import arguments, dataset
+from .fit import Lexical, by_source, detection_at, fit_lexical, fit_mlp
+from .train import LEX_BITS, arguments, dataset
 
-Fit = Callable[[np.ndarray, np.ndarray, int], Head]
-HEADS: dict[str, Fit] = {
-    "logistic, L2 1e-4": lambda x, y, seed: fit_logistic(x, y, seed),
-    "logistic, L2 1e-2": lambda x, y, seed: fit_logistic(x, y, seed, l2=1e-2),
-    "MLP 64, L2 1e-4": lambda x, y, seed: fit_mlp(x, y, seed),
-    "MLP 64, L2 1e-2": lambda x, y, seed: fit_mlp(x, y, seed, l2=1e-2),
-}
+OUT = Path(__file__).resolve().parents[1] / "results" / "screen_loso.md"
+FOLDS = ("itw", "templates", "deepset", "jbb")
+L2S = (1e-4,)  # 1e-5 and 1e-3 had worse worst folds (67.7%, 73.0%) in a wider run
+WEIGHTS = (2.0, 4.0, 6.0)
+BALANCE: dict[str, tuple[int, ...]] = {  # sample weights: each class equal, and these classes' sources too
+    "classes": (), "benign sources": (0,), "all sources": (0, 1)}
+
+
+def logit(p: np.ndarray) -> np.ndarray:
+    p = np.clip(p, 1e-15, 1 - 1e-15)
+    return np.asarray(np.log(p) - np.log1p(-p))
 
 
 def main() -> None:
-    args = arguments(__doc__ or "").parse_args()
+    p = arguments(__doc__ or "")
+    p.add_argument("--out", type=Path, default=OUT)
+    args = p.parse_args()
     samples, x = dataset(args)
+    texts = [s.text for s in samples]
     src = np.array([s.source for s in samples])
     split = np.array([s.split for s in samples])
     y = np.array([s.label for s in samples], dtype=np.float64)
+    lex = Lexical(texts, LEX_BITS)
+    clinc, atec = (src == "clinc") & (split == "test"), (src == "atec") & (split == "test")
     benign_val = (y == 0) & (split == "val")
-    print("| left out | head | detection at 0.5% FP |\n|---|---|---|")
-    for left_out in ("deepset", "templates"):
+    held = src == HELD_OUT
+    hard_test = (src == "hard") & (split == "test")
+    rows: list[str] = []
+    worst: dict[str, float] = {}
+    for left_out in FOLDS:
         out = (src == left_out) & (y == 1)
-        train = (src != HELD_OUT) & (split == "train") & ~out
-        for name, fit in HEADS.items():
-            scores = fit(x[train], y[train], args.seed).scores(x)
-            det, _ = detection_at(scores[out], scores[benign_val], 0.005)
-            print(f"| {left_out} | {name} | {det:.1%} |", flush=True)
+        train = ~held & (split == "train") & ~out
+        t0 = time.perf_counter()
+        logits = {}
+        for balance, labels in BALANCE.items():
+            sw = by_source(y[train], src[train], labels)
+            z_mlp = logit(fit_mlp(x[train], y[train], args.seed, sw=sw).scores(x))
+            logits[f"MLP 64 (embedding); {balance} weighted"] = z_mlp
+            for l2 in L2S:
+                w, b = fit_lexical(lex.subset(train), y[train], l2=l2, sw=sw)
+                z_lex = lex.dot(w) + b  # what combine(mlp, (w, b), weight) scores, without hashing again
+                logits.update({f"MLP 64 + {k:g} × n-grams (L2 {l2:g}); {balance} weighted": z_mlp + k * z_lex
+                               for k in WEIGHTS})
+        for name, s in logits.items():
+            at_val, t_val = detection_at(s[out], s[benign_val], 0.005)
+            det = [at_val,
+                   detection_at(s[out], s[clinc], 0.007)[0], detection_at(s[out], s[atec], 0.007)[0],
+                   detection_at(s[held], s[clinc], 0.007)[0], detection_at(s[held], s[atec], 0.007)[0]]
+            worst[name] = min(worst.get(name, 1.0), det[1], det[2])
+            cells = " | ".join(f"{d:.1%}" for d in det) + f" | {int((s[hard_test] > t_val).sum())}"
+            rows.append(f"| {left_out} ({int(out.sum())}) | {name} | {cells} |")
+        print("\n".join(rows[-len(logits):]), f"\n({time.perf_counter() - t0:.0f} s)", flush=True)
+    chosen = max(worst, key=lambda k: worst[k])
+    lines = [
+        "# Injection screen: leave one source out",
+        "",
+        f"Command: `python -m load.screen.sweep --repos DIR` (seed {args.seed}, {args.per_source} benign "
+        "texts drawn per benign source; data: load/screen/data.py). Each row's head never saw the "
+        "left-out source's injections; the benign sources are in every fold (train split). "
+        "Detection is over the left-out source's injections (every split); the threshold is set at "
+        "the false-positive rate of the column on that benign reference.",
+        "",
+        "| left out (injections) | head | @ 0.5% FP, benign val | @ 0.7% FP, CLINC150 (en) "
+        "| @ 0.7% FP, ATEC (zh) | Tensor Trust @ 0.7% FP, CLINC150 | Tensor Trust @ 0.7% FP, ATEC "
+        f"| hard benign (test split, {int(hard_test.sum())}) flagged at the benign-val 0.5% threshold |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
+        *rows,
+        "",
+        "Worst fold at 0.7% FP against either customer-service reference:",
+        "",
+        "| head | worst fold |",
+        "|---|---:|",
+        *[f"| {name} | {w:.1%} |" for name, w in sorted(worst.items(), key=lambda kv: -kv[1])],
+        "",
+        f"Chosen (highest worst fold): {chosen}.",
+        "",
+    ]
+    args.out.write_text("\n".join(lines), encoding="utf-8")
+    print("\n".join(lines))
 
 
 if __name__ == "__main__":

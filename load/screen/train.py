@@ -1,9 +1,12 @@
 """Train the injection screen's head: `python -m load.screen.train --repos DIR`.
 
-Sources A, B (in-the-wild jailbreaks, jailbreak/injection templates) and the benign sets,
-train split only; the held-out source (Tensor Trust) is never read here. Both heads are
-fitted with the same seed; the one with the higher detection at the target false-positive
-rate on the validation split is kept, and its threshold set there.
+The training sources (in-the-wild jailbreaks, jailbreak/injection templates, deepset's set,
+JailbreakBench's artefacts) and the benign sets, train split only; the held-out source
+(Tensor Trust) is never trained on. The head: a 384-64-1 MLP over the embedding plus
+`--lex-weight` times a logistic regression over hashed character n-grams of the text
+(`--lex-l2`), fitted apart and added; the defaults are the candidate with the best worst fold
+out of source (`load.screen.sweep`); `--lex-weight 0` ships the MLP alone. The threshold is
+set at the target false-positive rate on the benign validation split.
 """
 
 from __future__ import annotations
@@ -16,8 +19,14 @@ import numpy as np
 from extproc.safety.screen import HEAD_FILE, Head
 
 from .data import HELD_OUT, Sample, benign, injections
-from .fit import detection_at, fit_logistic, fit_mlp, threshold_at
+from .fit import Lexical, by_source, combine, detection_at, fit_lexical, fit_mlp
 from .vectors import vectors
+
+LEX_BITS = 18  # 262,144 n-gram buckets (512 KB as float16, most of them zero)
+LEX_WEIGHT = 4.0  # load/results/screen_loso.md: the best worst fold out of source
+LEX_L2 = 1e-4
+BALANCES: dict[str, tuple[int, ...]] = {"classes": (), "benign-sources": (0,), "all-sources": (0, 1)}
+BALANCE = "classes"
 
 PARAPHRASE = Path(__file__).resolve().parents[3] / "shared" / "data" / "paraphrase"
 CACHE = Path.home() / ".cache" / "llm-gate" / "screen" / "vectors.npz"
@@ -41,27 +50,31 @@ def dataset(args: argparse.Namespace) -> tuple[list[Sample], np.ndarray]:
 def main() -> None:
     p = arguments(__doc__ or "")
     p.add_argument("--target-fpr", type=float, default=0.005, help="on benign validation texts")
+    p.add_argument("--lex-weight", type=float, default=LEX_WEIGHT, help="0: the MLP alone")
+    p.add_argument("--lex-l2", type=float, default=LEX_L2)
+    p.add_argument("--balance", choices=tuple(BALANCES), default=BALANCE,
+                   help="sample weights: each class equal, and these classes' sources too")
     p.add_argument("--out", type=Path, default=HEAD_FILE)
     args = p.parse_args()
     samples, x = dataset(args)
+    texts = [s.text for s in samples]
     usable = np.array([s.source != HELD_OUT for s in samples])
     split = np.array([s.split for s in samples])
     y = np.array([s.label for s in samples], dtype=np.float64)
     train, val = usable & (split == "train"), usable & (split == "val")
     print(f"train: {int(y[train].sum())} injections, {int((1 - y[train]).sum())} benign; "
           f"val: {int(y[val].sum())} / {int((1 - y[val]).sum())}")
-    best: tuple[float, Head] | None = None
-    for head in (fit_logistic(x[train], y[train], args.seed), fit_mlp(x[train], y[train], args.seed)):
-        s = head.scores(x[val])
-        det, _ = detection_at(s[y[val] == 1], s[y[val] == 0], args.target_fpr)
-        print(f"{head.kind}: validation detection {det:.3f} at {args.target_fpr:.2%} false positives")
-        if best is None or det > best[0]:
-            best = (det, head)
-    assert best is not None
-    head = best[1]
-    s = head.scores(x[val])
-    chosen = Head(head.kind, head.w1, head.b1, head.w2, head.b2,
-                  threshold_at(s[y[val] == 0], args.target_fpr), head.embedder)
+    src = np.array([s.source for s in samples])
+    sw = by_source(y[train], src[train], BALANCES[args.balance])
+    head = fit_mlp(x[train], y[train], args.seed, sw=sw)
+    if args.lex_weight:
+        lex = Lexical([t for t, keep in zip(texts, train, strict=True) if keep], LEX_BITS)
+        head = combine(head, fit_lexical(lex, y[train], l2=args.lex_l2, sw=sw), args.lex_weight)
+    val_texts = [t for t, keep in zip(texts, val, strict=True) if keep]
+    s = head.scores(x[val], val_texts if head.lex is not None else None)
+    det, t = detection_at(s[y[val] == 1], s[y[val] == 0], args.target_fpr)
+    print(f"{head.kind}: validation detection {det:.3f} at {args.target_fpr:.2%} false positives")
+    chosen = Head(head.kind, head.w1, head.b1, head.w2, head.b2, t, head.embedder, head.lex)
     chosen.save(args.out)
     print(f"kept {chosen.kind}, threshold {chosen.threshold:.4f} -> {args.out}")
 

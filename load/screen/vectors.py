@@ -11,7 +11,7 @@ from extproc.embed import OnnxEmbedder, load_embedder
 from extproc.safety.screen import EMBEDDER, MAX_TOKENS
 
 
-def embedder(model_dir: Path | None = None, threads: int = 2) -> OnnxEmbedder:
+def embedder(model_dir: Path | None = None, threads: int = 1) -> OnnxEmbedder:
     return load_embedder(EMBEDDER, model_dir, threads=threads, max_tokens=MAX_TOKENS)
 
 
