@@ -28,6 +28,7 @@ trees (gate supervisor and workers + Envoy; LiteLLM's main process and workers),
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -469,8 +470,9 @@ def window(
     script: Path,
 ) -> dict[str, float]:
     script.write_text(wrk_script(kind, key))
-    cmd = ["wrk", "-t1", f"-c{conns}", f"-d{duration}s", "--latency", "-s", str(script),
-           f"{url}/v1/chat/completions"]
+    # wrk's own time-out is 2 s: a busy machine's slow tail would count as socket errors.
+    cmd = ["wrk", "-t1", f"-c{conns}", f"-d{duration}s", "--timeout", "30s", "--latency", "-s",
+           str(script), f"{url}/v1/chat/completions"]
     cpu0, redis0 = tree_cpu_seconds(roots), tree_cpu_seconds([redis_pid])
     out = subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=duration + 60).stdout
     cpu1, redis1 = tree_cpu_seconds(roots), tree_cpu_seconds([redis_pid])
@@ -628,8 +630,39 @@ def timed(run: Run, gateways: dict[str, Gateway], stack: Stack, args: argparse.N
                         f"non-2xx {w.non2xx}  socket errors {w.socket_errors}",
                         flush=True,
                     )
-                    if w.non2xx or w.socket_errors:
-                        raise RuntimeError(f"{target}: {w.non2xx} non-2xx, {w.socket_errors} socket errors")
+                    if w.non2xx:  # a gateway that answers errors is fast, and its figures say nothing
+                        log = stack.log(target)[-3000:]
+                        raise RuntimeError(f"{target}: {w.non2xx} answers not 2xx:\n{log}")
+
+
+def stop_group(proc: subprocess.Popen[bytes], grace: float) -> None:
+    """SIGTERM to the process group, SIGKILL to whatever of it is left after `grace` seconds."""
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(grace)
+    except subprocess.TimeoutExpired:
+        pass
+    except ProcessLookupError:
+        proc.poll()
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)  # a worker that outlived its parent, too
+    proc.wait(5)
+
+
+def close(stack: Stack) -> None:
+    """Stop every process and remove the folder with SIGINT and SIGTERM held off meanwhile: a
+    second Ctrl-C, or a runner's TERM after the first, must not cut the stop short and leave the
+    rest running."""
+    held = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        peer = stack.procs.pop("litellm", None)
+        if peer is not None:
+            stop_group(peer, grace=5)
+        stack.close()
+    finally:
+        for sig, handler in held.items():
+            signal.signal(sig, handler)
 
 
 def warm_up(gw: Gateway, stack: Stack, args: argparse.Namespace) -> None:
@@ -639,7 +672,7 @@ def warm_up(gw: Gateway, stack: Stack, args: argparse.Namespace) -> None:
     for kind in ("miss", "hit"):
         script.write_text(wrk_script(kind, gw.key))
         url = f"{gw.url}/v1/chat/completions"
-        cmd = ["wrk", "-t1", f"-c{args.connections}", "-d3s", "-s", str(script), url]
+        cmd = ["wrk", "-t1", f"-c{args.connections}", "-d3s", "--timeout", "30s", "-s", str(script), url]
         subprocess.run(cmd, capture_output=True, check=True, timeout=60)
     time.sleep(1.0)
 
@@ -667,7 +700,9 @@ def main(argv: list[str] | None = None) -> int:
     run = Run()
     load0 = os.getloadavg()
     print("starting Redis, the simulator, the gate (2 processes) and Envoy", flush=True)
-    with Stack(gate_workers=WORKERS, with_redis=True, gate_config=gate_config(), sim_args=SIM_ARGS) as stack:
+    stack = Stack(gate_workers=WORKERS, with_redis=True, gate_config=gate_config(), sim_args=SIM_ARGS)
+    try:
+        stack.start()
         gate = Gateway("gate", stack.url, [stack.procs["gate"].pid, stack.procs["envoy"].pid],
                        label=f"gate ({WORKERS} processes + Envoy)")
         print(f"starting LiteLLM proxy ({WORKERS} workers)", flush=True)
@@ -686,6 +721,8 @@ def main(argv: list[str] | None = None) -> int:
         seconds = time.monotonic() - t0
         busy = (machine_busy_seconds() - busy0) / seconds
         others = other_load(procs0, cpu_by_process(), ours, seconds)
+    finally:
+        close(stack)
     load1 = os.getloadavg()
     heavy = ", ".join(f"{name} {share:.2f}" for name, share in others[:4] if share >= 0.02)
     heavy = heavy or "none over 0.02"
