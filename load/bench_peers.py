@@ -80,6 +80,7 @@ request = function()
   return wrk.format("POST", nil, headers, body)
 end
 """
+NOUNS = {"hit": "hits", "miss": "misses"}
 UNIQUE = "'question ' .. counter .. ' of ' .. math.random(1e9)"
 FIXED = "'What is the capital of France?'"
 
@@ -510,7 +511,7 @@ def added_p50(run: Run, target: str, kind: str) -> list[float]:
 def summary_rows(run: Run, conns: int) -> list[tuple[str, list[float], list[float], str]]:
     """(measure, gate values, LiteLLM values, number format) for the summary table."""
     rows: list[tuple[str, list[float], list[float], str]] = []
-    for kind, noun in (("hit", "hits"), ("miss", "misses")):
+    for kind, noun in NOUNS.items():
         rows.append((f"{noun}: req/s at {conns} connections",
                      [w.rps for w in run.of("gate", kind, conns)],
                      [w.rps for w in run.of("litellm", kind, conns)], "{:.0f}"))
@@ -518,6 +519,10 @@ def summary_rows(run: Run, conns: int) -> list[tuple[str, list[float], list[floa
         rows.append((f"CPU ms per {kind} (whole gateway, {conns} connections)",
                      [w.cpu_ms for w in run.of("gate", kind, conns)],
                      [w.cpu_ms for w in run.of("litellm", kind, conns)], "{:.1f}"))
+    for kind in ("hit", "miss"):
+        rows.append((f"cores the gateway used, {NOUNS[kind]} at {conns} connections",
+                     [w.rps * w.cpu_ms / 1000 for w in run.of("gate", kind, conns)],
+                     [w.rps * w.cpu_ms / 1000 for w in run.of("litellm", kind, conns)], "{:.2f}"))
     for kind in ("hit", "miss"):
         rows.append((f"added p50 ms at 1 connection, {kind} (over the simulator direct)",
                      added_p50(run, "gate", kind), added_p50(run, "litellm", kind), "{:+.1f}"))
@@ -550,7 +555,10 @@ def report(run: Run, args: argparse.Namespace, command: str) -> str:
         "per request: the gate's 2 processes plus Envoy against LiteLLM's main process and its "
         "workers; Redis's CPU is its own row. Added p50: a gateway's p50 at one connection minus "
         "the simulator's p50 called directly, same round, same kind of request. Memory: the "
-        "largest of the samples taken after each window.",
+        "largest of the samples taken after each window. With every core busy, req/s follows the "
+        "share of the CPU each gateway gets (the kernel shares it by thread, and the gate with "
+        "Envoy runs more threads than LiteLLM's two workers; the cores each used are a row of "
+        "their own): CPU per request and memory are the steadier comparison.",
         "",
         f"| measure | {gate_label} | {peer_label} | LiteLLM / gate |",
         "|---|---:|---:|---:|",
@@ -594,9 +602,8 @@ def report(run: Run, args: argparse.Namespace, command: str) -> str:
     for w in run.windows:
         name = {"sim": "simulator direct"}.get(w.target, run.labels.get(w.target, w.target))
         cpu = "-" if w.target == "sim" else f"{w.cpu_ms:.2f}"
-        noun = {"hit": "hits", "miss": "misses"}[w.kind]
         lines.append(
-            f"| {w.round + 1} | {noun}, {w.conns} conn{'s' if w.conns > 1 else ''} | {name} | "
+            f"| {w.round + 1} | {NOUNS[w.kind]}, {w.conns} conn{'s' if w.conns > 1 else ''} | {name} | "
             f"{w.rps:.0f} | {w.p50:.2f} | {w.p99:.2f} | {cpu} | {w.redis_cpu_ms:.2f} | {w.non2xx} | "
             f"{w.socket_errors} |"
         )

@@ -94,6 +94,8 @@ def test_the_table_gives_medians_ranges_ratios_and_added_latency() -> None:
     text = bp.report(run, args, "python -m load.bench_peers")
     assert "| hits: req/s at 16 connections | 490 (480–500) | 140 (120–150) | 0.29 |" in text
     assert "| CPU ms per hit (whole gateway, 16 connections) | 3.0 | 12.0 | 4.00 |" in text
+    cores = "| cores the gateway used, hits at 16 connections |"
+    assert f"{cores} 1.47 (1.44–1.50) | 1.68 (1.44–1.80) | 1.14 |" in text
     added = "| added p50 ms at 1 connection, hit (over the simulator direct) |"
     assert f"{added} +6.0 (+5.0–+7.0) | +15.0 | 2.50 |" in text
     assert "| resident memory MB (RSS summed over the processes) | 335 | 1,013 | 3.02 |" in text
