@@ -699,8 +699,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     command = "python -m load.bench_peers" + "".join(
-        f" --{k.replace('_', '-')} {v}" for k, v in (("duration", args.duration), ("rounds", args.rounds))
-        if v != parser.get_default(k)
+        f" --{k.replace('_', '-')} {getattr(args, k)}"
+        for k in ("duration", "rounds", "connections", "litellm_version")
+        if getattr(args, k) != parser.get_default(k)
     )
     ensure_tools()
     exe = ensure_litellm(args.litellm_version, args.cache_dir)
