@@ -44,6 +44,18 @@ def hidden_output(model: object) -> str:
     raise ValueError("no pooled hidden state found in the graph")
 
 
+def layer_input(model: object, top: int) -> str:
+    """The name of the hidden state the graph's top ``top`` transformer layers read: the output
+    of the LayerNormalization that ends the layer below them (a built BERT graph has one after
+    the embeddings and two per layer)."""
+    graph = model.graph  # type: ignore[attr-defined]
+    norms = [n for n in graph.node if n.op_type == "LayerNormalization"]
+    layers = (len(norms) - 1) // 2
+    if len(norms) != 1 + 2 * layers or not 1 <= top <= layers:
+        raise ValueError(f"cannot find the input of the top {top} layers ({len(norms)} layer norms)")
+    return str(norms[-(2 * top + 1)].output[0])
+
+
 def split_states(
     hidden: np.ndarray,
     batch: Sequence[Sequence[int]],
