@@ -30,7 +30,7 @@ import numpy as np
 
 from extproc.dedup.calibrate import SWAPS, cache_dir, count, default_data_dir
 from extproc.dedup.decide import CurvePoint
-from extproc.dedup.judge import JUDGE_EMBEDDER, MAX_TOKENS, shipped_judge_dir
+from extproc.dedup.judge import JUDGE_EMBEDDER, shipped_judge_dir
 
 from .judge_data import JudgeSet, judge_pairs, prepare_set, soft_targets
 from .train_judge import FLOOR_QUANTILE, average_precision, curve, select_quality
@@ -58,78 +58,45 @@ class LowerStates:
         return out
 
 
-def keep_rows(n: int, skip: int) -> list[int]:
-    """Positions of a text's ``n`` ids that the cross judge reads: [bos], prefix, the first
-    ``MAX_TOKENS`` content tokens, [eos]."""
-    return list(range(min(skip + MAX_TOKENS, n - 1))) + [n - 1]
-
-
 class LowerReader:
-    """The embedder's graph with two more outputs: its pooled hidden state (the token states) and
-    the input of its top ``top`` layers. ``run`` is a drop-in for ``embed_with_states`` that
-    also keeps each text's lower states."""
+    """A drop-in for ``embed_with_states`` (an embedder loaded with ``lower_layers``) that also
+    keeps each text's lower states, as float16."""
 
-    def __init__(self, emb: Any, top: int) -> None:
-        import onnx
-        import onnxruntime as ort
-
-        from extproc.embed.token_states import layer_input
-
-        model = onnx.load(str(emb.model_file))
-        self.lower_name = layer_input(model, top)
-        for name in (emb._hidden, self.lower_name):
-            model.graph.output.append(
-                onnx.helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, ["batch", "seq", "hidden"])
-            )
-        so = ort.SessionOptions()
-        so.intra_op_num_threads = 1
-        so.inter_op_num_threads = 1
-        so.log_severity_level = 3
-        self.session = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    def __init__(self, emb: Any) -> None:
+        if not emb.reads_lower:
+            raise ValueError("load the embedder with lower_layers")
         self.emb = emb
         self.lower: dict[str, np.ndarray] = {}
 
     def run(self, texts: list[str]) -> tuple[np.ndarray, list[Any]]:
-        from extproc.embed.encoder import plan_batches
-        from extproc.embed.token_states import split_states
-
-        emb = self.emb
-        encoded = [emb.encode(t).ids for t in texts]
-        vectors = np.empty((len(texts), emb.dim), np.float32)
-        states: list[Any] = [None] * len(texts)
-        for chunk in plan_batches([len(e) for e in encoded], emb.max_batch):
-            batch = [encoded[i] for i in chunk]
-            feed, _ = emb.feed(batch)
-            y, hidden, lower = self.session.run([emb._output, emb._hidden, self.lower_name], feed)
-            y = np.asarray(y, np.float32)
-            vectors[chunk] = y / np.maximum(np.linalg.norm(y, axis=1, keepdims=True), 1e-12)
-            for row, (i, st) in enumerate(
-                zip(chunk, split_states(hidden, batch, emb._skip, emb._spell), strict=True)
-            ):
-                states[i] = st
-                self.lower[texts[i]] = lower[row, keep_rows(len(batch[row]), emb._skip)].astype(np.float16)
+        vectors, states = self.emb.embed_with_states(texts)
+        for t, st in zip(texts, states, strict=True):
+            self.lower[t] = st.lower.astype(np.float16)
         return vectors, states
 
 
-def read_lower(emb: Any, top: int, texts: list[str], cache: Path) -> LowerStates:
+def read_lower(emb: Any, texts: list[str], cache: Path) -> LowerStates:
     """Lower states of every text, cached in ``cache``; the token-state cache is filled from the
     same forward pass on the way."""
     from extproc.dedup.states import read_states
 
-    file = cache / f"{emb.name}.lower{top}.npz"
+    file = cache / f"{emb.name}.lower{emb._lower_layers}.npz"
     known: dict[str, np.ndarray] = {}
     if file.exists():
         with np.load(file, allow_pickle=False) as z:
             off, tok = z["offsets"], z["tokens"]
             known = {t: tok[off[i] : off[i + 1]] for i, t in enumerate(z["texts"].tolist())}
-    reader = LowerReader(emb, top)
+    reader = LowerReader(emb)
     t0 = time.perf_counter()
     read_states(emb, texts, cache, run=reader.run)
     missing = [t for t in texts if t not in known and t not in reader.lower]
     for i in range(0, len(missing), 256):
         reader.run(missing[i : i + 256])
     if reader.lower:
-        print(f"  read lower states of {len(reader.lower)} texts in {time.perf_counter() - t0:.0f}s", file=sys.stderr)
+        print(
+            f"  read lower states of {len(reader.lower)} texts in {time.perf_counter() - t0:.0f}s",
+            file=sys.stderr,
+        )
         known.update(reader.lower)
         names = list(known)
         lengths = np.array([len(known[t]) for t in names], np.int64)
@@ -197,7 +164,6 @@ def layer_norm(x: Any, w: Any, b: Any) -> Any:
 def bert_layer(p: dict[str, Any], x: Any, bias: Any, heads: int = 12) -> Any:
     """One post-LN BERT layer as the embedder's graph computes it; ``bias`` [n, 1, 1, L]."""
     import jax
-    import jax.numpy as jnp
 
     n, length, _ = x.shape
     hd = DIM // heads
@@ -419,7 +385,7 @@ def summary(pts: list[CurvePoint], part: str) -> dict[str, Any]:
     ):
         cands = [(get(p)[2], p.threshold, get(p)) for p in pts if ok(get(p))]
         if cands:
-            r, t, q = max(cands)
+            _, t, q = max(cands)
             out[name] = {"threshold": t, "precision": q[0], "lower": q[1], "recall": q[2], "hits": q[3]}
         else:
             out[name] = None
@@ -444,18 +410,25 @@ def main(argv: list[str] | None = None) -> int:
     from extproc.embed import load_embedder
 
     data = args.data or default_data_dir()
-    emb = load_embedder(JUDGE_EMBEDDER, None)
+    emb = load_embedder(JUDGE_EMBEDDER, None, lower_layers=args.top)
     langs = args.langs.split(",")
     pairs = {lang: judge_pairs(data, lang) for lang in langs}
     texts = sorted({t for ps in pairs.values() for p in ps for t in (p.a, p.b) if emb.can_read(t)})
-    lower = read_lower(emb, args.top, texts, cache_dir())
+    lower = read_lower(emb, texts, cache_dir())
     sets = [prepare_set(emb, pairs[lang], lang, cache_dir(), soft_targets(data, lang)) for lang in langs]
     floors = {}
     for s in sets:
         pos = s.cosine[(s.role == "fit") & s.gold & s.readable]
         floors[s.lang] = float(np.floor(np.quantile(pos, FLOOR_QUANTILE) * 100) / 100)
     params, mean, scale, log = train(
-        sets, lower, floors, args.seed, args.top, args.epochs, args.fit_share, lr_layers=args.lr_layers,
+        sets,
+        lower,
+        floors,
+        args.seed,
+        args.top,
+        args.epochs,
+        args.fit_share,
+        lr_layers=args.lr_layers,
         lr_head=args.lr_head,
     )
     cross = score_sets(params, lower, sets, mean, scale)
@@ -469,10 +442,26 @@ def main(argv: list[str] | None = None) -> int:
                 "select_ap": round(average_precision(s, scores, fl), 4),
                 "select": summary(pts, "select"),
                 "report": summary(pts, "test"),
-                "curve": [[p.threshold, p.precision, p.lower, p.recall, p.hits, p.test_precision,
-                           p.test_lower, p.test_recall, p.test_hits] for p in pts],
+                "curve": [
+                    [
+                        p.threshold,
+                        p.precision,
+                        p.lower,
+                        p.recall,
+                        p.hits,
+                        p.test_precision,
+                        p.test_lower,
+                        p.test_recall,
+                        p.test_hits,
+                    ]
+                    for p in pts
+                ],
             }
-            print(s.lang, name, json.dumps({k: v for k, v in figures[f"{s.lang}.{name}"].items() if k != "curve"}))
+            print(
+                s.lang,
+                name,
+                json.dumps({k: v for k, v in figures[f"{s.lang}.{name}"].items() if k != "curve"}),
+            )
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         flat = {f"layer{i}.{k}": v for i, ly in enumerate(params["layers"]) for k, v in ly.items()}
@@ -485,3 +474,149 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
+
+
+# ----------------------------------------------------------------------------- ONNX
+
+
+def to_onnx(p: Params, mean: np.ndarray, scale: np.ndarray, skip: int, heads: int = 12) -> Any:
+    """The ONNX graph of :func:`forward` for one unpadded pair: inputs ``a`` [1, La, 384] and
+    ``b`` [1, Lb, 384] (lower states as ``LowerReader`` keeps them), ``x`` [1, F] (raw pair
+    features); output ``p`` [1]. The layers' weights are stored as float16 and cast once when
+    the session starts (constant folding), so the artefact is half the size of float32."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    nodes: list[Any] = []
+    inits: list[Any] = []
+    n = [0]
+
+    def name(hint: str) -> str:
+        n[0] += 1
+        return f"{hint}_{n[0]}"
+
+    def const(hint: str, v: np.ndarray, half: bool = False) -> str:
+        nm = name(hint)
+        if half:
+            inits.append(numpy_helper.from_array(np.asarray(v, np.float16), nm + "_h"))
+            nodes.append(helper.make_node("Cast", [nm + "_h"], [nm], name=nm, to=TensorProto.FLOAT))
+        else:
+            inits.append(numpy_helper.from_array(np.ascontiguousarray(v), nm))
+        return nm
+
+    def op(kind: str, inputs: list[str], hint: str = "", **attrs: Any) -> str:
+        out = name(hint or kind.lower())
+        nodes.append(helper.make_node(kind, inputs, [out], name=out, **attrs))
+        return out
+
+    def ln(x: str, w: np.ndarray, b: np.ndarray) -> str:
+        return op("LayerNormalization", [x, const("ln_w", w), const("ln_b", b)], axis=-1, epsilon=LN_EPS)
+
+    def linear(x: str, w: np.ndarray, b: np.ndarray, hint: str) -> str:
+        return op("Add", [op("MatMul", [x, const(hint + "_w", w, half=True)]), const(hint + "_b", b)], hint)
+
+    hd = DIM // heads
+    seg = const("seg", np.asarray(p["seg"], np.float32))
+    h = op("Concat", ["a", op("Add", ["b", seg])], "pair", axis=1)
+    split = const("heads_shape", np.array([0, 0, heads, hd], np.int64))
+    merge = const("merge_shape", np.array([0, 0, DIM], np.int64))
+    sc = const("scale", np.array(1.0 / np.sqrt(hd), np.float32))
+    for i, ly in enumerate(p["layers"]):
+        ly = {k: np.asarray(v, np.float32) for k, v in ly.items()}
+
+        def heads_of(x: str, nm: str, perm: list[int], ly: dict[str, np.ndarray] = ly, i: int = i) -> str:
+            y = linear(x, ly[nm + ".w"], ly[nm + ".b"], f"l{i}_{nm}")
+            return op("Transpose", [op("Reshape", [y, split])], perm=perm)
+
+        q = heads_of(h, "q", [0, 2, 1, 3])
+        k = heads_of(h, "k", [0, 2, 3, 1])
+        v = heads_of(h, "v", [0, 2, 1, 3])
+        att = op("Softmax", [op("Mul", [op("MatMul", [q, k]), sc])], axis=-1)
+        ctx = op("Reshape", [op("Transpose", [op("MatMul", [att, v])], perm=[0, 2, 1, 3]), merge])
+        h = ln(op("Add", [h, linear(ctx, ly["ao.w"], ly["ao.b"], f"l{i}_ao")]), ly["aln.w"], ly["aln.b"])
+        mid = linear(h, ly["fi.w"], ly["fi.b"], f"l{i}_fi")
+        erf = op("Erf", [op("Div", [mid, const("sqrt2", np.array(np.sqrt(2.0), np.float32))])])
+        one = const("one", np.array(1.0, np.float32))
+        mid = op("Mul", [op("Mul", [mid, op("Add", [erf, one])]), const("half", np.array(0.5, np.float32))])
+        h = ln(op("Add", [h, linear(mid, ly["fo.w"], ly["fo.b"], f"l{i}_fo")]), ly["oln.w"], ly["oln.b"])
+    one_i = const("one_i", np.array([1], np.int64))
+    lens = op(
+        "Concat",
+        [op("Shape", ["a"], start=1, end=2), op("Shape", ["b"], start=1, end=2)],
+        "lens",
+        axis=0,
+    )
+    ha = name("ha")
+    hb = name("hb")
+    nodes.append(helper.make_node("Split", [h, lens], [ha, hb], name=ha, axis=1))
+    ax1 = const("ax1", np.array([1], np.int64))
+    zero = const("zero", np.array([0], np.int64))
+    first = const("skip", np.array([skip], np.int64))
+    last = const("last", np.array([-1], np.int64))
+
+    def pooled(hx: str) -> tuple[str, str]:
+        c = op("Reshape", [op("Slice", [hx, zero, one_i, ax1]), const("flat", np.array([1, DIM], np.int64))])
+        m = op("ReduceMean", [op("Slice", [hx, first, last, ax1]), ax1], keepdims=0)
+        return c, m
+
+    ca, ma = pooled(ha)
+    cb, mb = pooled(hb)
+    v = op(
+        "Concat",
+        [
+            op("Add", [ca, cb]),
+            op("Abs", [op("Sub", [ca, cb])]),
+            op("Add", [ma, mb]),
+            op("Abs", [op("Sub", [ma, mb])]),
+            op("Mul", [ma, mb]),
+            op(
+                "Div",
+                [
+                    op("Sub", ["x", const("mean", mean.astype(np.float32))]),
+                    const("fscale", scale.astype(np.float32)),
+                ],
+            ),
+        ],
+        "v",
+        axis=-1,
+    )
+    hid = op(
+        "Relu",
+        [
+            op(
+                "Add",
+                [
+                    op("MatMul", [v, const("h_w", np.asarray(p["h_w"], np.float32))]),
+                    const("h_b", np.asarray(p["h_b"], np.float32)),
+                ],
+            )
+        ],
+    )
+    logit = op(
+        "Add",
+        [
+            op("MatMul", [hid, const("o_w", np.asarray(p["o_w"], np.float32))]),
+            const("o_b", np.asarray(p["o_b"], np.float32)),
+        ],
+    )
+    nodes.append(
+        helper.make_node(
+            "Sigmoid", [op("Reshape", [logit, const("flat1", np.array([-1], np.int64))])], ["p"], name="p"
+        )
+    )
+    features = int(mean.shape[0])
+    graph = helper.make_graph(
+        nodes,
+        "pair_cross_judge",
+        [
+            helper.make_tensor_value_info("a", TensorProto.FLOAT, [1, "la", DIM]),
+            helper.make_tensor_value_info("b", TensorProto.FLOAT, [1, "lb", DIM]),
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, features]),
+        ],
+        [helper.make_tensor_value_info("p", TensorProto.FLOAT, [1])],
+        inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 9
+    onnx.checker.check_model(model)
+    return model
