@@ -22,13 +22,13 @@ import argparse
 import json
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from extproc.dedup.calibrate import SWAPS, cache_dir, count, default_data_dir
+from extproc.dedup.calibrate import SWAPS, cache_dir, default_data_dir
 from extproc.dedup.decide import CurvePoint
 from extproc.dedup.judge import JUDGE_EMBEDDER, shipped_judge_dir
 
@@ -401,8 +401,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lr-layers", type=float, default=3e-5)
     ap.add_argument("--lr-head", type=float, default=1e-3)
     ap.add_argument("--langs", default="en,zh")
+    ap.add_argument(
+        "--load", type=Path, default=None, help="weights of an earlier run (crossK.npz): no training"
+    )
     ap.add_argument("--data", type=Path, default=None)
     ap.add_argument("--out", type=Path, default=None, help="write the weights (npz) and figures (json) here")
+    ap.add_argument(
+        "--write",
+        type=Path,
+        default=None,
+        help="write the gate's artefact (cross_judge.onnx + cross_judge.json) into this directory "
+        "(extproc/dedup ships it)",
+    )
     args = ap.parse_args(argv)
     import jax
 
@@ -420,17 +430,21 @@ def main(argv: list[str] | None = None) -> int:
     for s in sets:
         pos = s.cosine[(s.role == "fit") & s.gold & s.readable]
         floors[s.lang] = float(np.floor(np.quantile(pos, FLOOR_QUANTILE) * 100) / 100)
-    params, mean, scale, log = train(
-        sets,
-        lower,
-        floors,
-        args.seed,
-        args.top,
-        args.epochs,
-        args.fit_share,
-        lr_layers=args.lr_layers,
-        lr_head=args.lr_head,
-    )
+    if args.load:  # the weights of an earlier run (its --out), scored and written again
+        params, mean, scale = load_weights(args.load)
+        log = json.loads(args.load.with_suffix(".json").read_text())["training"]
+    else:
+        params, mean, scale, log = train(
+            sets,
+            lower,
+            floors,
+            args.seed,
+            args.top,
+            args.epochs,
+            args.fit_share,
+            lr_layers=args.lr_layers,
+            lr_head=args.lr_head,
+        )
     cross = score_sets(params, lower, sets, mean, scale)
     base = shipped_scores(sets)
     figures: dict[str, Any] = {"args": {k: str(v) for k, v in vars(args).items()}, "training": log}
@@ -468,8 +482,96 @@ def main(argv: list[str] | None = None) -> int:
         flat.update({k: v for k, v in params.items() if k != "layers"})
         np.savez(args.out / f"cross{args.top}.npz", mean=mean, scale=scale, **flat)
         (args.out / f"cross{args.top}.json").write_text(json.dumps(figures, indent=1) + "\n")
-    _ = count
+    if args.write:
+        write_artefact(args, params, mean, scale, lower.skip, sets, cross, floors, log)
+        timing(args.write / "cross_judge.onnx", sets, lower)
     return 0
+
+
+def load_weights(file: Path) -> tuple[Params, np.ndarray, np.ndarray]:
+    with np.load(file) as z:
+        w = {k: z[k] for k in z.files}
+    layers: list[dict[str, np.ndarray]] = []
+    for k in sorted(x for x in w if x.startswith("layer")):
+        i, name = k[len("layer") :].split(".", 1)
+        while len(layers) <= int(i):
+            layers.append({})
+        layers[int(i)][name] = w.pop(k)
+    mean, scale = w.pop("mean"), w.pop("scale")
+    return {"layers": layers, **w}, mean, scale
+
+
+def timing(model: Path, sets: list[JudgeSet], lower: LowerStates, n: int = 300) -> None:
+    """The cross judge alone in ONNX Runtime, one thread, one pair at a time: report pairs as
+    they come, float32 states."""
+    from extproc.dedup.judge import CrossJudge
+
+    judge = CrossJudge(model, threads=1)
+    for s in sets:
+        idx = np.flatnonzero(s.readable & (s.role == "test"))[:n]
+        took, size = [], []
+        for i in idx:
+            a = lower.get(s.pairs[i].a).astype(np.float32)
+            b = lower.get(s.pairs[i].b).astype(np.float32)
+            t0 = time.perf_counter()
+            judge.score(a, b, s.x[i])
+            took.append(time.perf_counter() - t0)
+            size.append(len(a) + len(b))
+        ms = 1000 * np.array(took)
+        print(
+            f"{s.lang}: cross judge alone, {len(idx)} report pairs ({np.median(size):.0f} states per pair "
+            f"p50, {max(size)} max): p50 {np.median(ms):.2f} ms, p90 {np.quantile(ms, 0.9):.2f} ms, "
+            f"p99 {np.quantile(ms, 0.99):.2f} ms"
+        )
+
+
+def write_artefact(
+    args: argparse.Namespace,
+    params: Params,
+    mean: np.ndarray,
+    scale: np.ndarray,
+    skip: int,
+    sets: list[JudgeSet],
+    scores: list[np.ndarray],
+    floors: dict[str, float],
+    log: list[str],
+) -> None:
+    """``cross_judge.onnx`` and ``cross_judge.json`` (per language the cosine floor, the swaps
+    that veto, and the curve the threshold is read from), as ``judge_policy(kind="cross")`` reads."""
+    import onnx
+
+    from extproc.dedup.judge import CROSS_TOP
+    from extproc.embed.token_states import LOWER_TOKENS
+
+    from .judge_data import ROLES
+
+    if args.top != CROSS_TOP:
+        raise SystemExit(f"the gate runs the cross judge with CROSS_TOP = {CROSS_TOP}, not --top {args.top}")
+    out: Path = args.write
+    onnx.save(to_onnx(params, mean, scale, skip), str(out / "cross_judge.onnx"))
+    doc = {
+        "about": "rebuilt by `python -m load.cross_judge --write extproc/dedup`; see docs/pair-judge.md",
+        "embedder": JUDGE_EMBEDDER,
+        "seed": args.seed,
+        "top": args.top,
+        "epochs": args.epochs,
+        "lr_layers": args.lr_layers,
+        "lr_head": args.lr_head,
+        "max_tokens": LOWER_TOKENS,
+        "split": f"by pair hash: fit/select/report % = {ROLES[0]}/{ROLES[1]}/{100 - sum(ROLES)}; "
+        "en report also takes all of STS-B dev; STS-B score >= 4 = same",
+        "training": log,
+        "languages": {
+            s.lang: {
+                "min_cosine": floors[s.lang],
+                "swaps": list(SWAPS[s.lang]),
+                "curve": [asdict(c) for c in curve(s, sc, floors[s.lang], SWAPS[s.lang])],
+            }
+            for s, sc in zip(sets, scores, strict=True)
+        },
+    }
+    (out / "cross_judge.json").write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+    print(f"wrote {out / 'cross_judge.onnx'} and {out / 'cross_judge.json'}")
 
 
 if __name__ == "__main__":
