@@ -377,13 +377,17 @@ def summary(pts: list[CurvePoint], part: str) -> dict[str, Any]:
         return p.test_precision, p.test_lower, p.test_recall, p.test_hits
 
     out: dict[str, Any] = {}
-    for name, ok in (
-        ("lb95_30", lambda q: q[1] >= 0.95 and q[3] >= 30),
-        ("lb95_100", lambda q: q[1] >= 0.95 and q[3] >= 100),
-        ("p95_30", lambda q: q[0] >= 0.95 and q[3] >= 30),
-        ("p90_30", lambda q: q[0] >= 0.9 and q[3] >= 30),
+    for name, on_lower, least, hits in (
+        ("lb95_30", True, 0.95, 30),
+        ("lb95_100", True, 0.95, 100),
+        ("p95_30", False, 0.95, 30),
+        ("p90_30", False, 0.9, 30),
     ):
-        cands = [(get(p)[2], p.threshold, get(p)) for p in pts if ok(get(p))]
+        cands = [
+            (get(p)[2], p.threshold, get(p))
+            for p in pts
+            if get(p)[1 if on_lower else 0] >= least and get(p)[3] >= hits
+        ]
         if cands:
             _, t, q = max(cands)
             out[name] = {"threshold": t, "precision": q[0], "lower": q[1], "recall": q[2], "hits": q[3]}
