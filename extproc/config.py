@@ -385,9 +385,6 @@ class CacheSemantic(Strict):
     # reads e5-small token states: it needs embedder e5-small (docs/pair-judge.md).
     judge: bool = False
     judge_dir: Path | None = None  # None: the shipped judge (extproc/dedup/judge.onnx + judge.json)
-    # Which judge: "states" (over the last-layer token states) or "cross" (e5-small's top layer
-    # run over the pair, cross_judge.onnx + cross_judge.json; docs/pair-judge.md).
-    judge_kind: Literal["states", "cross"] = "states"
     # LSH: None chooses rows/bands for the policy's lowest cosine floor at lsh_recall.
     lsh_rows: int | None = Field(default=None, ge=1, le=63)
     lsh_bands: int | None = Field(default=None, ge=1, le=256)

@@ -1,6 +1,6 @@
 """A partial cross-encoder pair judge, measured against the shipped judge (an experiment):
 
-    python -m load.cross_judge --top 1 --seed 7 [--epochs 3] [--fit-share 1.0]
+    python -m load.cross_judge --top 1 --seed 7 --epochs 5 [--out DIR] [--write DIR]
 
 The shipped judge reads each prompt's frozen last-layer token states. This one reads the states
 of the layer below e5-small's top ``top`` layers (one more output of the same forward pass that
@@ -414,8 +414,8 @@ def main(argv: list[str] | None = None) -> int:
         "--write",
         type=Path,
         default=None,
-        help="write the gate's artefact (cross_judge.onnx + cross_judge.json) into this directory "
-        "(extproc/dedup ships it)",
+        help="write the artefact (cross_judge.onnx + cross_judge.json: per language the cosine floor, "
+        "swaps and curve, as judge.json) into this directory",
     )
     args = ap.parse_args(argv)
     import jax
@@ -508,8 +508,6 @@ def load_weights(file: Path) -> tuple[Params, np.ndarray, np.ndarray]:
 def timing(model: Path, sets: list[JudgeSet], lower: LowerStates, n: int = 300) -> None:
     """The cross judge alone in ONNX Runtime, one thread, one pair at a time: report pairs as
     they come, float32 states."""
-    from extproc.dedup.judge import CrossJudge
-
     judge = CrossJudge(model, threads=1)
     for s in sets:
         idx = np.flatnonzero(s.readable & (s.role == "test"))[:n]
@@ -544,17 +542,14 @@ def write_artefact(
     that veto, and the curve the threshold is read from), as ``judge_policy(kind="cross")`` reads."""
     import onnx
 
-    from extproc.dedup.judge import CROSS_TOP
     from extproc.embed.token_states import LOWER_TOKENS
 
     from .judge_data import ROLES
 
-    if args.top != CROSS_TOP:
-        raise SystemExit(f"the gate runs the cross judge with CROSS_TOP = {CROSS_TOP}, not --top {args.top}")
     out: Path = args.write
     onnx.save(to_onnx(params, mean, scale, skip), str(out / "cross_judge.onnx"))
     doc = {
-        "about": "rebuilt by `python -m load.cross_judge --write extproc/dedup`; see docs/pair-judge.md",
+        "about": "written by `python -m load.cross_judge --write DIR`; see docs/pair-judge.md",
         "embedder": JUDGE_EMBEDDER,
         "seed": args.seed,
         "top": args.top,
@@ -583,6 +578,28 @@ if __name__ == "__main__":
 
 
 # ----------------------------------------------------------------------------- ONNX
+
+
+class CrossJudge:
+    """The exported graph in ONNX Runtime, one pair at a time: ``score(lower_a, lower_b, x)``
+    (lower states as ``TokenStates.lower`` gives them, raw pair features)."""
+
+    def __init__(self, model_file: Path, threads: int = 1) -> None:
+        import onnxruntime as ort
+
+        so = ort.SessionOptions()
+        so.intra_op_num_threads = threads
+        so.inter_op_num_threads = 1
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        self.session = ort.InferenceSession(str(model_file), so, providers=["CPUExecutionProvider"])
+
+    def score(self, lower_a: np.ndarray, lower_b: np.ndarray, x: np.ndarray) -> float:
+        feed = {
+            "a": np.ascontiguousarray(lower_a, np.float32)[None],
+            "b": np.ascontiguousarray(lower_b, np.float32)[None],
+            "x": np.asarray(x, dtype=np.float32)[None],
+        }
+        return float(np.asarray(self.session.run(None, feed)[0]).reshape(-1)[0])
 
 
 def to_onnx(p: Params, mean: np.ndarray, scale: np.ndarray, skip: int, heads: int = 12) -> Any:

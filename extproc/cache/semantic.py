@@ -155,12 +155,8 @@ class Matcher:
         a, b = self._states(query), self._states(candidate)
         if a is None or b is None:
             return None
-        x = judge_features(query, candidate, cosine, alignment(a.pieces, a.vectors, b.pieces, b.vectors))
-        if self.judge.reads_lower:  # the cross judge: the states below the top layers
-            if a.lower is None or b.lower is None:
-                return None
-            return self.judge.score(a.lower, b.lower, x)
-        return self.judge.score(a.vectors, b.vectors, x)
+        align = alignment(a.pieces, a.vectors, b.pieces, b.vectors)
+        return self.judge.score(a.vectors, b.vectors, judge_features(query, candidate, cosine, align))
 
     def _alignment(self, query: str, candidate: str) -> np.ndarray | None:
         a, b = self._states(query), self._states(candidate)

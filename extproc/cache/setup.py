@@ -71,8 +71,8 @@ def load_matcher(cfg: SemanticConfig, metrics: Metrics, processes: int = 1) -> M
         from ..dedup.judge import judge_policy, load_judge
 
         try:
-            policy = judge_policy(cfg.embedder, cfg.target_precision, cfg.judge_dir, kind=cfg.judge_kind)
-            judge = load_judge(cfg.judge_dir, kind=cfg.judge_kind)
+            policy = judge_policy(cfg.embedder, cfg.target_precision, cfg.judge_dir)
+            judge = load_judge(cfg.judge_dir)
         except ValueError as exc:
             raise ModelError(f"cache.semantic.judge: {exc}; set cache.semantic.embedder: e5-small") from exc
     if cfg.self_check.enabled:
@@ -92,12 +92,7 @@ def load_matcher(cfg: SemanticConfig, metrics: Metrics, processes: int = 1) -> M
     try:
         workers = cfg.embed_workers or default_workers()
         threads = cfg.embed_threads or default_threads(processes=processes, workers=workers)
-        lower = 0
-        if judge is not None and judge.reads_lower:
-            from ..dedup.judge import CROSS_TOP
-
-            lower = CROSS_TOP  # the cross judge reads the states below the top layer(s)
-        inner = load_embedder(cfg.embedder, model_dir, threads=threads, lower_layers=lower)
+        inner = load_embedder(cfg.embedder, model_dir, threads=threads)
         inner.embed_sync(list(WARMUP))
     except Exception as exc:
         raise ModelError(f"cannot load the '{cfg.embedder}' embedder from {model_dir}: {exc}") from exc
@@ -149,7 +144,7 @@ def load_matchers(cfg: SemanticConfig, metrics: Metrics, processes: int = 1) -> 
 
     def matcher_for(section: SemanticConfig) -> Matcher | None:
         key = (section.enabled, section.embedder, section.policy_file, section.target_precision,
-               section.lsh_center_file, section.judge, section.judge_dir, section.judge_kind)
+               section.lsh_center_file, section.judge, section.judge_dir)
         if key not in loaded:
             loaded[key] = load_matcher(section, metrics, processes) if section.enabled else None
         return loaded[key]

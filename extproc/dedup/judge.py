@@ -26,8 +26,6 @@ from .verifier import features
 
 MAX_TOKENS = 64  # token states per prompt the judge reads (the first ones); training used the same
 JUDGE_EMBEDDER = "e5-small"  # the embedder whose token states the shipped judge was trained on
-CROSS_TOP = 1  # e5-small layers the cross judge runs over the pair (it reads the states below them)
-KINDS = {"states": "judge", "cross": "cross_judge"}  # judge kind -> its files' stem (.onnx, .json)
 
 
 def judge_features(a: str, b: str, cosine: float, align: np.ndarray) -> np.ndarray:
@@ -42,8 +40,6 @@ def clip_states(states: np.ndarray) -> np.ndarray:
 
 class Judge:
     """One ONNX Runtime session over ``judge.onnx``: ``score(states_a, states_b, x)``."""
-
-    reads_lower = False  # it reads the last-layer token states (``TokenStates.vectors``)
 
     def __init__(self, model_file: Path, threads: int = 1) -> None:
         import onnxruntime as ort
@@ -70,31 +66,12 @@ class Judge:
         return float(np.asarray(out[0]).reshape(-1)[0])
 
 
-class CrossJudge(Judge):
-    """The partial cross-encoder (``cross_judge.onnx``): e5-small's top ``CROSS_TOP`` layers,
-    fine-tuned, over both prompts' states of the layer below them (``TokenStates.lower``, from
-    an embedder loaded with ``lower_layers=CROSS_TOP``), and a small head."""
-
-    reads_lower = True
-
-    def score(self, states_a: np.ndarray, states_b: np.ndarray, x: np.ndarray) -> float:
-        if len(states_a) < 3 or len(states_b) < 3:
-            return 0.0
-        feed = {
-            "a": np.ascontiguousarray(states_a, np.float32)[None],
-            "b": np.ascontiguousarray(states_b, np.float32)[None],
-            "x": np.asarray(x, dtype=np.float32)[None],
-        }
-        return float(np.asarray(self.session.run(None, feed)[0]).reshape(-1)[0])
-
-
 def shipped_judge_dir() -> Path:
     return Path(str(resources.files("extproc.dedup")))
 
 
-def load_judge(path: Path | None = None, threads: int = 1, kind: str = "states") -> Judge:
-    cls = CrossJudge if kind == "cross" else Judge
-    return cls((path or shipped_judge_dir()) / f"{KINDS[kind]}.onnx", threads)
+def load_judge(path: Path | None = None, threads: int = 1) -> Judge:
+    return Judge((path or shipped_judge_dir()) / "judge.onnx", threads)
 
 
 def judge_policy(
@@ -102,13 +79,12 @@ def judge_policy(
     target: float = DEFAULT_TARGET,
     path: Path | None = None,
     min_hits: int = DEFAULT_MIN_HITS,
-    kind: str = "states",
 ) -> Policy:
     """The semantic policy with the judge deciding: per language the judge's cosine floor, and
     the loosest judge threshold whose selection precision has a 95% lower bound at or above
     ``target`` on at least ``min_hits`` hits. ``ValueError`` when the judge was trained on
     another embedder's token states (they would mean nothing to it)."""
-    doc = json.loads(((path or shipped_judge_dir()) / f"{KINDS[kind]}.json").read_text(encoding="utf-8"))
+    doc = json.loads(((path or shipped_judge_dir()) / "judge.json").read_text(encoding="utf-8"))
     if doc["embedder"] != embedder:
         raise ValueError(f"the pair judge reads {doc['embedder']} token states, not {embedder}'s")
     base = load_policy(embedder, 0.0)  # the verifier's points: kept only for their swaps/defaults

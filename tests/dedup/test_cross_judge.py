@@ -63,8 +63,15 @@ def test_the_onnx_graph_computes_the_training_network(e5_lower: OnnxEmbedder, tm
     import jax
     import onnx
 
-    from extproc.dedup.judge import CrossJudge
-    from load.cross_judge import LowerReader, LowerStates, batch_arrays, forward, init_params, to_onnx
+    from load.cross_judge import (
+        CrossJudge,
+        LowerReader,
+        LowerStates,
+        batch_arrays,
+        forward,
+        init_params,
+        to_onnx,
+    )
 
     reader = LowerReader(e5_lower)
     reader.run(TEXTS)
