@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -48,11 +50,20 @@ def _load(file: Path) -> StateStore | None:
         )
 
 
-def read_states(embedder: object, texts: list[str], cache: Path | None, batch: int = 256) -> StateStore:
-    """Every text's vector and token states; new texts are run once and added to the cache."""
+def read_states(
+    embedder: object,
+    texts: list[str],
+    cache: Path | None,
+    batch: int = 256,
+    run: Callable[[list[str]], tuple[np.ndarray, list[Any]]] | None = None,
+) -> StateStore:
+    """Every text's vector and token states; new texts are run once and added to the cache.
+    ``run`` (default ``embedder.embed_with_states``) reads a batch: a caller that wants more of
+    the same forward pass (another layer's states) passes its own."""
     from extproc.embed.encoder import OnnxEmbedder
 
     assert isinstance(embedder, OnnxEmbedder)
+    run = run or embedder.embed_with_states
     file = cache / f"{embedder.name}.states.npz" if cache else None
     old = _load(file) if file is not None else None
     known = old.index if old is not None else {}
@@ -64,7 +75,7 @@ def read_states(embedder: object, texts: list[str], cache: Path | None, batch: i
     new_pieces: list[tuple[str, ...]] = []
     new_tok: list[np.ndarray] = []
     for i in range(0, len(missing), batch):
-        vec, states = embedder.embed_with_states(missing[i : i + batch])
+        vec, states = run(missing[i : i + batch])
         new_vec.append(vec)
         for s in states:
             new_pieces.append(s.pieces)

@@ -15,7 +15,7 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from .token_states import TokenStates, hidden_output, split_states
+from .token_states import TokenStates, hidden_output, layer_input, split_states
 from .tokenize import E5Pieces, Encoded, HFTokenizer
 
 
@@ -74,6 +74,7 @@ class OnnxEmbedder:
         read: ReadPolicy = ReadPolicy(),
         threads: int = 1,
         max_batch: int = 64,
+        lower_layers: int = 0,
     ) -> None:
         import onnxruntime as ort
 
@@ -83,7 +84,8 @@ class OnnxEmbedder:
         so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
         so.log_severity_level = 3
         so.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        graph, self._hidden = _with_hidden_output(model_file)
+        graph, self._hidden, self._lower = _with_hidden_output(model_file, lower_layers)
+        self._lower_layers = lower_layers if self._lower else 0
         self._session = ort.InferenceSession(graph, so, providers=["CPUExecutionProvider"])
         self._inputs = {i.name for i in self._session.get_inputs()}
         out = self._session.get_outputs()[0]
@@ -105,6 +107,11 @@ class OnnxEmbedder:
     def reads_states(self) -> bool:
         """Whether ``embed_with_states`` can give token states (a graph with a pooled hidden state)."""
         return self._hidden is not None
+
+    @property
+    def reads_lower(self) -> bool:
+        """Whether token states carry ``lower``: the input of the top layers (``lower_layers``)."""
+        return self._lower is not None
 
     def encode(self, text: str) -> Encoded:
         return self.tokenizer.encode(self.prefix + text)
@@ -136,9 +143,10 @@ class OnnxEmbedder:
         states: list[TokenStates | None] = [None] * len(texts)
         for chunk in plan_batches([len(e) for e in encoded], self.max_batch):
             batch = [encoded[i] for i in chunk]
-            out[chunk], hidden = self._run(batch, with_states)
+            out[chunk], hidden, lower = self._run(batch, with_states)
             if hidden is not None:
-                for i, st in zip(chunk, split_states(hidden, batch, self._skip, self._spell), strict=True):
+                split = split_states(hidden, batch, self._skip, self._spell, lower)
+                for i, st in zip(chunk, split, strict=True):
                     states[i] = st
         return out, states
 
@@ -155,16 +163,20 @@ class OnnxEmbedder:
             feed["token_type_ids"] = np.zeros_like(ids)
         return feed, mask
 
-    def _run(self, batch: list[list[int]], with_states: bool = False) -> tuple[np.ndarray, np.ndarray | None]:
+    def _run(
+        self, batch: list[list[int]], with_states: bool = False
+    ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
         feed, mask = self.feed(batch)
         names = [self._output, self._hidden] if with_states and self._hidden else [self._output]
+        if with_states and self._hidden and self._lower:
+            names.append(self._lower)
         got = self._session.run(names, feed)
         y = np.asarray(got[0], dtype=np.float32)
         if y.ndim == 3:
             y = pool(y, mask, self.pooling)
         norm = np.maximum(np.linalg.norm(y, axis=1, keepdims=True), 1e-12)
         out: np.ndarray = (y / norm).astype(np.float32)
-        return out, (got[1] if len(got) > 1 else None)
+        return out, (got[1] if len(got) > 1 else None), (got[2] if len(got) > 2 else None)
 
     def _spell(self, ids: Sequence[int]) -> list[str]:
         return _piece_texts(self.tokenizer, ids)
@@ -203,21 +215,29 @@ def plan_batches(lengths: Sequence[int], max_batch: int, max_waste: float = 0.3)
 # ----------------------------------------------------------------------------- token states
 
 
-def _with_hidden_output(model_file: Path) -> tuple[str | bytes, str | None]:
+def _with_hidden_output(
+    model_file: Path, lower_layers: int = 0
+) -> tuple[str | bytes, str | None, str | None]:
     """The graph to run, with its mean-pooled hidden state as a second output when it has one
-    (else the file as it is, and None)."""
+    (else the file as it is, and None), and with ``lower_layers`` > 0 the input of its top that
+    many layers as a third (the cross judge's)."""
     import onnx
 
     model = onnx.load(str(model_file))
     try:
         hidden = hidden_output(model)
     except ValueError:
-        return str(model_file), None
+        return str(model_file), None, None
     if hidden not in {o.name for o in model.graph.output}:
         model.graph.output.append(
             onnx.helper.make_tensor_value_info(hidden, onnx.TensorProto.FLOAT, ["batch", "seq", "hidden"])
         )
-    return model.SerializeToString(), hidden
+    lower = layer_input(model, lower_layers) if lower_layers else None
+    if lower is not None:
+        # No declared shape: with one, ONNX Runtime optimises the graph differently and the
+        # embeddings move in their last bits; without, they stay bit for bit what they were.
+        model.graph.output.append(onnx.helper.make_tensor_value_info(lower, onnx.TensorProto.FLOAT, None))
+    return model.SerializeToString(), hidden, lower
 
 
 def _piece_texts(tokenizer: E5Pieces | HFTokenizer, ids: Sequence[int]) -> list[str]:

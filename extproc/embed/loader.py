@@ -28,11 +28,14 @@ def _model_path(name: str, model_dir: Path) -> Path:
 
 
 def load_embedder(name: str, model_dir: Path | None = None, **opts: Any) -> OnnxEmbedder:
-    """Options: threads (1), max_tokens, max_batch (64), max_unknown_fraction (0.0), scripts;
-    for ``onnx`` also model_file, tokenizer_file, pooling ("mean"|"cls"), prefix (""), label."""
+    """Options: threads (1), max_tokens, max_batch (64), max_unknown_fraction (0.0), scripts,
+    lower_layers (0: token states carry the input of the top that many layers too, for the
+    cross judge); for ``onnx`` also model_file, tokenizer_file, pooling ("mean"|"cls"), prefix
+    (""), label."""
     root = model_dir or default_model_dir()
     threads = int(opts.pop("threads", 1))
     max_batch = int(opts.pop("max_batch", 64))
+    lower_layers = int(opts.pop("lower_layers", 0))
     if name == "onnx":
         return _load_generic(root, threads, max_batch, opts)
     if name not in NAMES:
@@ -62,6 +65,7 @@ def load_embedder(name: str, model_dir: Path | None = None, **opts: Any) -> Onnx
         read=read,
         threads=threads,
         max_batch=max_batch,
+        lower_layers=lower_layers,
     )
 
 

@@ -24,10 +24,14 @@ class TokenStates:
 
     pieces: tuple[str, ...]
     vectors: np.ndarray  # float32 [len(pieces), dim]
+    # The states the embedder's top layers read ([bos], prefix, the first pieces, [eos]; see
+    # ``keep_rows``), when the embedder was asked for them (the cross judge reads these).
+    lower: np.ndarray | None = None
 
     @property
     def nbytes(self) -> int:
-        return int(self.vectors.nbytes) + ENTRY_OVERHEAD + sum(len(p) for p in self.pieces)
+        extra = int(self.lower.nbytes) if self.lower is not None else 0
+        return int(self.vectors.nbytes) + extra + ENTRY_OVERHEAD + sum(len(p) for p in self.pieces)
 
 
 def hidden_output(model: object) -> str:
@@ -44,21 +48,47 @@ def hidden_output(model: object) -> str:
     raise ValueError("no pooled hidden state found in the graph")
 
 
+def layer_input(model: object, top: int) -> str:
+    """The name of the hidden state the graph's top ``top`` transformer layers read: the output
+    of the LayerNormalization that ends the layer below them (a built BERT graph has one after
+    the embeddings and two per layer)."""
+    graph = model.graph  # type: ignore[attr-defined]
+    norms = [n for n in graph.node if n.op_type == "LayerNormalization"]
+    layers = (len(norms) - 1) // 2
+    if len(norms) != 1 + 2 * layers or not 1 <= top <= layers:
+        raise ValueError(f"cannot find the input of the top {top} layers ({len(norms)} layer norms)")
+    return str(norms[-(2 * top + 1)].output[0])
+
+
+LOWER_TOKENS = 64  # content pieces per text whose lower states are kept (the judges read as many)
+
+
+def keep_rows(n: int, skip: int, tokens: int = LOWER_TOKENS) -> list[int]:
+    """Positions of a text's ``n`` ids whose lower states are kept: [bos], the prefix's pieces,
+    the first ``tokens`` content pieces, and [eos]."""
+    return [*range(min(skip + tokens, n - 1)), n - 1]
+
+
 def split_states(
     hidden: np.ndarray,
     batch: Sequence[Sequence[int]],
     skip: int,
     spell: Callable[[Sequence[int]], list[str]],
+    lower: np.ndarray | None = None,
 ) -> list[TokenStates]:
     """Each row's token states from a batch's hidden output [batch, width, dim]: the first
-    ``skip`` positions ([bos]/[CLS] and the model's prefix) and the last ([eos]/[SEP]) dropped."""
+    ``skip`` positions ([bos]/[CLS] and the model's prefix) and the last ([eos]/[SEP]) dropped.
+    ``lower``: the same batch's states below the top layers, kept as they are (``keep_rows``)."""
     h = np.asarray(hidden, dtype=np.float32)
     out: list[TokenStates] = []
     for row, seq in enumerate(batch):
         lo, hi = skip, len(seq) - 1
         tok = h[row, lo:hi]
         tok = tok / np.maximum(np.linalg.norm(tok, axis=1, keepdims=True), 1e-12)
-        out.append(TokenStates(tuple(spell(seq[lo:hi])), tok.astype(np.float32)))
+        low = None
+        if lower is not None:
+            low = np.ascontiguousarray(lower[row, keep_rows(len(seq), skip)], dtype=np.float32)
+        out.append(TokenStates(tuple(spell(seq[lo:hi])), tok.astype(np.float32), low))
     return out
 
 
