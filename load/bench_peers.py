@@ -49,7 +49,7 @@ from typing import Any
 import yaml
 
 from .bench_gate import parse_wrk
-from .stack import LOOPBACK, Stack, exit_on_sigterm, free_port, wait_port
+from .stack import LOOPBACK, Stack, exit_on_sigterm, free_port, held_signals, wait_port
 
 LITELLM_VERSION = "1.108.7"
 CACHE_DIR = Path.home() / ".cache" / "llm-gate" / "peers"
@@ -658,18 +658,12 @@ def stop_group(proc: subprocess.Popen[bytes], grace: float) -> None:
 
 
 def close(stack: Stack) -> None:
-    """Stop every process and remove the folder with SIGINT and SIGTERM held off meanwhile: a
-    second Ctrl-C, or a runner's TERM after the first, must not cut the stop short and leave the
-    rest running."""
-    held = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
+    """LiteLLM (its workers may outlive their parent) and then the rest, signals held off."""
+    with held_signals():
         peer = stack.procs.pop("litellm", None)
         if peer is not None:
             stop_group(peer, grace=5)
         stack.close()
-    finally:
-        for sig, handler in held.items():
-            signal.signal(sig, handler)
 
 
 def warm_up(gw: Gateway, stack: Stack, args: argparse.Namespace) -> None:

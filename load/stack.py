@@ -6,6 +6,7 @@ its own process group and stopped on `close()`, whatever state it is in.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -16,6 +17,7 @@ import tempfile
 import threading
 import time
 import urllib.request
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -333,10 +335,14 @@ class Stack:
             proc.wait(timeout=5)
 
     def close(self) -> None:
-        for name in reversed(list(self.procs)):
-            self._stop(name)
-        if not self.keep_workdir:
-            shutil.rmtree(self.workdir, ignore_errors=True)
+        """Stop every process and remove the folder, with SIGINT and SIGTERM held off meanwhile:
+        a second Ctrl-C, or a runner's TERM after the first, must not cut the stop short and
+        leave the rest running."""
+        with held_signals():
+            for name in reversed(list(self.procs)):
+                self._stop(name)
+            if not self.keep_workdir:
+                shutil.rmtree(self.workdir, ignore_errors=True)
 
     def log(self, name: str) -> str:
         path = self.workdir / f"{name}.log"
@@ -347,6 +353,20 @@ class Stack:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+@contextlib.contextmanager
+def held_signals() -> Iterator[None]:
+    """SIGINT and SIGTERM ignored inside (only the main thread can change handlers)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in held.items():
+            signal.signal(sig, handler)
 
 
 def exit_on_sigterm() -> None:
