@@ -22,7 +22,7 @@ import argparse
 import json
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,10 +30,10 @@ import numpy as np
 
 from extproc.dedup.calibrate import SWAPS, cache_dir, default_data_dir
 from extproc.dedup.decide import CurvePoint
-from extproc.dedup.judge import JUDGE_EMBEDDER, shipped_judge_dir
+from extproc.dedup.judge import JUDGE_EMBEDDER, session, shipped_judge_dir
 
 from .judge_data import JudgeSet, judge_pairs, prepare_set, soft_targets
-from .train_judge import FLOOR_QUANTILE, average_precision, curve, select_quality
+from .train_judge import FLOOR_QUANTILE, average_precision, curve, languages, select_quality
 
 Params = dict[str, Any]
 DIM = 384
@@ -560,14 +560,7 @@ def write_artefact(
         "split": f"by pair hash: fit/select/report % = {ROLES[0]}/{ROLES[1]}/{100 - sum(ROLES)}; "
         "en report also takes all of STS-B dev; STS-B score >= 4 = same",
         "training": log,
-        "languages": {
-            s.lang: {
-                "min_cosine": floors[s.lang],
-                "swaps": list(SWAPS[s.lang]),
-                "curve": [asdict(c) for c in curve(s, sc, floors[s.lang], SWAPS[s.lang])],
-            }
-            for s, sc in zip(sets, scores, strict=True)
-        },
+        "languages": languages(sets, scores, floors, SWAPS),
     }
     (out / "cross_judge.json").write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
     print(f"wrote {out / 'cross_judge.onnx'} and {out / 'cross_judge.json'}")
@@ -585,13 +578,7 @@ class CrossJudge:
     (lower states as ``TokenStates.lower`` gives them, raw pair features)."""
 
     def __init__(self, model_file: Path, threads: int = 1) -> None:
-        import onnxruntime as ort
-
-        so = ort.SessionOptions()
-        so.intra_op_num_threads = threads
-        so.inter_op_num_threads = 1
-        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        self.session = ort.InferenceSession(str(model_file), so, providers=["CPUExecutionProvider"])
+        self.session = session(model_file, threads)
 
     def score(self, lower_a: np.ndarray, lower_b: np.ndarray, x: np.ndarray) -> float:
         feed = {

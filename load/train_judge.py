@@ -15,8 +15,10 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -73,6 +75,21 @@ def curve(s: JudgeSet, sc: np.ndarray, min_cosine: float, swaps: tuple[str, ...]
         pred = served(s, sc, min_cosine, t, swaps)
         pts.append(curve_point(t, count(pred[sel], s.gold[sel]), count(pred[test], s.gold[test])))
     return pts
+
+
+def languages(
+    sets: list[JudgeSet], scores: list[np.ndarray], floors: dict[str, float],
+    swaps: Mapping[str, tuple[str, ...]],
+) -> dict[str, dict[str, Any]]:
+    """The artefact's per-language section: its cosine floor, the swaps that veto, its curve."""
+    return {
+        s.lang: {
+            "min_cosine": floors[s.lang],
+            "swaps": list(swaps[s.lang]),
+            "curve": [asdict(c) for c in curve(s, sc, floors[s.lang], swaps[s.lang])],
+        }
+        for s, sc in zip(sets, scores, strict=True)
+    }
 
 
 def select_recall(pts: list[CurvePoint], target: float = DEFAULT_TARGET, min_hits: int = 30) -> float:
@@ -227,14 +244,7 @@ def main(argv: list[str] | None = None) -> int:
         "split": f"by pair hash: fit/select/report % = {ROLES[0]}/{ROLES[1]}/{100 - sum(ROLES)}; "
         "en report also takes all of STS-B dev; STS-B score >= 4 = same",
         "training": log,
-        "languages": {
-            s.lang: {
-                "min_cosine": floors[s.lang],
-                "swaps": list(swaps[s.lang]),
-                "curve": [asdict(c) for c in curve(s, sc, floors[s.lang], swaps[s.lang])],
-            }
-            for s, sc in zip(sets, scores, strict=True)
-        },
+        "languages": languages(sets, scores, floors, swaps),
     }
     (out / "judge.json").write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
     print(f"wrote {out / 'judge.onnx'} and {out / 'judge.json'}")

@@ -17,6 +17,7 @@ import json
 from dataclasses import replace
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -38,17 +39,22 @@ def clip_states(states: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(states[:MAX_TOKENS], dtype=np.float32)
 
 
+def session(model_file: Path, threads: int = 1) -> Any:
+    """An ONNX Runtime session on the CPU with `threads` intra-op threads."""
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = threads
+    so.inter_op_num_threads = 1
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    return ort.InferenceSession(str(model_file), so, providers=["CPUExecutionProvider"])
+
+
 class Judge:
     """One ONNX Runtime session over ``judge.onnx``: ``score(states_a, states_b, x)``."""
 
     def __init__(self, model_file: Path, threads: int = 1) -> None:
-        import onnxruntime as ort
-
-        so = ort.SessionOptions()
-        so.intra_op_num_threads = threads
-        so.inter_op_num_threads = 1
-        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        self.session = ort.InferenceSession(str(model_file), so, providers=["CPUExecutionProvider"])
+        self.session = session(model_file, threads)
         self.model_file = model_file
 
     def score(self, states_a: np.ndarray, states_b: np.ndarray, x: np.ndarray) -> float:

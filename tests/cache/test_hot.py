@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
 
 import pytest
 import redis.asyncio as aioredis
@@ -74,20 +73,6 @@ def test_a_purge_drops_what_it_names_and_travels_as_a_notice() -> None:
     hot.put("s1.a", entry(), 10, ttl_s=3600)
     hot.purge(Purged())  # nothing named: everything
     assert len(hot) == 0
-
-
-@pytest.fixture(params=["memory", "redis"])
-async def store(request: pytest.FixtureRequest) -> AsyncIterator[Store]:
-    if request.param == "memory":
-        yield MemoryStore()
-        return
-    server: RedisServer = request.getfixturevalue("redis_server")
-    if server.proc is None:
-        server.start()
-    client = aioredis.Redis.from_url(server.url)
-    await client.flushall()
-    yield RedisStore(client)
-    await client.aclose()
 
 
 def hot_stage(store: Store, client: aioredis.Redis | None = None) -> Cache:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 
 import pytest
 import redis.asyncio as aioredis
@@ -14,20 +13,6 @@ from extproc.stages.cache import Cache
 from load.stack import RedisServer
 
 from .helpers import Upstream, WordEmbedder, cache_stage, chat, config, matcher, send
-
-
-@pytest.fixture(params=["memory", "redis"])
-async def store(request: pytest.FixtureRequest) -> AsyncIterator[Store]:
-    if request.param == "memory":
-        yield MemoryStore()
-        return
-    server: RedisServer = request.getfixturevalue("redis_server")
-    if server.proc is None:
-        server.start()
-    client = aioredis.Redis.from_url(server.url)
-    await client.flushall()
-    yield RedisStore(client)
-    await client.aclose()
 
 
 def stage_on(store: Store, embedder: WordEmbedder | None = None, **cfg: object) -> Cache:
