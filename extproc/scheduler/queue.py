@@ -224,16 +224,31 @@ class Queue:
                 close = self._window_close[ticket.cls] = now + self.policy.batch_window_s.get(ticket.cls, 0.0)
         deadline = self.policy.default_deadline_s if ticket.deadline_s is None else ticket.deadline_s
         entry = _Waiting(ticket, self._seq, now, close, now + deadline, ticket.cls)
-        eta = self.eta(entry, now, view)
+        # Nobody waiting and a slot it may take: granted here, as `poll` would, without queueing.
+        at_once = not self.waiting and self._grantable_now(entry, now, view)
+        eta = 0.0 if at_once else self.eta(entry, now, view)
         if self._too_late(entry, eta, now, view.service_s):
             return [*events, Refused(ticket.id, "deadline", eta, ticket.cls)]
         evicted = self._make_room(entry, now)
         if evicted is None:
             return [*events, Refused(ticket.id, "queue_full", eta, ticket.cls)]
         events += evicted
+        if at_once:
+            return [*events, self._grant(entry, now)]
         self.waiting[ticket.id] = entry
         self.queued_tokens += ticket.tokens
         return events + self.poll(now)
+
+    def _grantable_now(self, entry: _Waiting, now: float, view: _View) -> bool:
+        """Whether `poll` would grant `entry`, alone in the queue, at once (ETA 0)."""
+        if self.pressure or entry.eligible_at > now or entry.deadline_at <= now:
+            return False
+        return self.policy.max_wait_s > 0 and self._may_take_a_slot(entry, now, view)
+
+    def _grant(self, w: _Waiting, now: float) -> Granted:
+        lease, top = now + self.policy.lease_s, self._key(w, now)[0] <= TOP_BANDS
+        self.held[w.ticket.id] = _Held(w.cls, w.ticket.tokens, lease, now, top)
+        return Granted(w.ticket.id, w.cls, w.ticket.cls, now - w.arrived, w.demoted)
 
     def cancel(self, id: str, now: float) -> bool:
         """The caller went away while waiting: leave the queue at once."""
@@ -298,14 +313,10 @@ class Queue:
             best = self._next_grant(now, view)
             if best is None:
                 break
-            band = self._key(best, now)[0]
             self.cancel(best.ticket.id, now)
-            lease, top = now + self.policy.lease_s, band <= TOP_BANDS
-            self.held[best.ticket.id] = _Held(best.cls, best.ticket.tokens, lease, now, top)
-            if not top:
+            events.append(self._grant(best, now))
+            if not self.held[best.ticket.id].top:
                 view = replace(view, held_by_the_rest=view.held_by_the_rest + 1)
-            waited = now - best.arrived
-            events.append(Granted(best.ticket.id, best.cls, best.ticket.cls, waited, best.demoted))
         return events
 
     def _next_grant(self, now: float, view: _View) -> _Waiting | None:

@@ -189,8 +189,8 @@ POLICY = Policy(aging_step_s=0.4, max_queued=12, max_queued_tokens=2000, default
 class Run:
     """Drives a queue through a list of operations and records everything it says."""
 
-    def __init__(self, policy: Policy = POLICY) -> None:
-        self.q = Queue(policy, limit=2)
+    def __init__(self, policy: Policy = POLICY, queue: type[Queue] = Queue) -> None:
+        self.q = queue(policy, limit=2)
         self.now = 0.0
         self.n = 0
         self.arrived: dict[str, float] = {}
@@ -273,6 +273,24 @@ def test_every_request_gets_exactly_one_outcome_and_every_grant_ends_once(script
             assert ends == 1 and len(outcome) == 1 + (run.released.get(id, 0) == 0)
         else:
             assert len(outcome) == 1 and isinstance(first, Refused)
+
+
+class AlwaysQueued(Queue):
+    """The queue without its at-once grant: every request joins the queue, `poll` grants it."""
+
+    def _grantable_now(self, *args: object) -> bool:
+        return False
+
+
+@settings(max_examples=300, deadline=None)
+@given(ops)
+def test_granting_an_uncontended_request_at_once_changes_no_outcome(script: list) -> None:  # type: ignore[type-arg]
+    fast, queued = Run(), Run(queue=AlwaysQueued)
+    for op in script:
+        fast.apply(op)
+        queued.apply(op)
+        assert fast.outcomes == queued.outcomes and fast.demoted == queued.demoted
+        assert fast.q.held == queued.q.held and fast.q.waiting == queued.q.waiting
 
 
 @settings(max_examples=300, deadline=None)
