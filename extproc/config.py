@@ -366,6 +366,11 @@ class CacheSelfCheck(Strict):
     share: float = Field(default=0.03, ge=0, le=1)  # of a serving bin's candidates, still checked
     target: float | None = Field(default=None, gt=0, lt=1)  # None: cache.semantic.target_precision
     min_checks: int = Field(default=30, ge=1)  # a bin serves on no fewer checks than this
+    # A bin whose shipped selection pairs prove the target starts with just enough of them to
+    # serve (false: every bin starts from nothing).
+    prior: bool = True
+    # Of a bin serving with fewer than `min_checks` live checks (on its prior), still checked.
+    warm_share: float = Field(default=0.25, ge=0, le=1)
     # Lower edges of the verifier-score bins, rising; a score under the first is never a candidate.
     bins: list[float] = Field(default_factory=lambda: [0.6, 0.8, 0.9], min_length=1)
     # Two answers whose normalised texts differ still agree at this cosine of their embeddings.

@@ -3,6 +3,7 @@ may serve, reach the precision target, and serve no more wrong answers than the 
 while it learns?
 
     python load/bench_selfcal.py [--epochs 6] [--target 0.95] [--share 0.03] [--concurrency 8]
+                                 [--no-prior] [--warm-share 0.25]
 
 The real stack on loopback: Envoy, two gate processes, Redis, the simulator, the `minilm`
 embedder (whose shipped operating point reaches no precision target in English, so without
@@ -13,7 +14,8 @@ pair's own (its `seed`), so the second prompt's only candidate is the first and 
 label says whether serving it is right. The simulator answers by family (`x-sim-family`: the
 same family for a pair labelled the same, two families otherwise), so a served answer is
 wrong exactly when its family is not the request's; the gate compares answers, never labels.
-Pairs run `--concurrency` at a time.
+Pairs run `--concurrency` at a time. A bin whose shipped selection pairs (STS-B train,
+disjoint from dev) prove the target starts with its prior (`--no-prior`: every bin from nothing).
 
 One pass over the held-out pairs gives each bin a few dozen candidates, fewer than a 0.95
 lower bound needs (73 agreeing checks at the least), so the pass runs `--epochs` times, each
@@ -69,6 +71,8 @@ class Epoch:
     candidates_checked: float = 0.0
     checks_agreed: float = 0.0
     checks_differed: float = 0.0
+    serving_served: float = 0.0  # candidates of the bins serving at the epoch's end
+    serving_checked: float = 0.0
     errors: int = 0
     seconds: float = 0.0
     bins: list[dict[str, Any]] = field(default_factory=list)
@@ -106,10 +110,11 @@ def scrape(stack: Stack) -> dict[str, float]:
             for name, label in (("gate_cache_selfcheck_candidates_total", "action"),
                                 ("gate_cache_selfcheck_checks_total", "outcome")):
                 if line.startswith(name + "{"):
-                    value = re.search(rf'{label}="(\w+)"', line)
-                    if value:
-                        key = f"{name}:{value.group(1)}"
-                        totals[key] = totals.get(key, 0.0) + float(line.rsplit(" ", 1)[1])
+                    value, bin_ = re.search(rf'{label}="(\w+)"', line), re.search(r'bin="([\d.]+)"', line)
+                    for key in (f"{name}:{value.group(1)}" if value else None,
+                                f"{name}:{value.group(1)}:{bin_.group(1)}" if value and bin_ else None):
+                        if key:
+                            totals[key] = totals.get(key, 0.0) + float(line.rsplit(" ", 1)[1])
     return totals
 
 
@@ -150,6 +155,9 @@ async def run_epoch(stack: Stack, work: list[tuple[str, str, bool]], epoch: int,
     e.checks_agreed = delta("gate_cache_selfcheck_checks_total:agreed")
     e.checks_differed = delta("gate_cache_selfcheck_checks_total:differed")
     e.bins = bins(stack)
+    serving = {b["bin"] for b in e.bins if b["state"] == "serving" and b["tenant"] != "*"}
+    e.serving_served = sum(delta(f"gate_cache_selfcheck_candidates_total:serve:{b}") for b in serving)
+    e.serving_checked = sum(delta(f"gate_cache_selfcheck_candidates_total:check:{b}") for b in serving)
     return e
 
 
@@ -174,7 +182,8 @@ def report(epochs: list[Epoch], args: argparse.Namespace, pairs: int, command: s
         f"{pairs} held-out STS-B dev pairs (score >= 4 = same question), first prompt then second, "
         f"{args.concurrency} pairs at a time, every pair in a cache scope of its own; {args.epochs} "
         f"epochs (the pairs re-asked with fresh answer families; the bins' evidence carries over). "
-        f"Self-check: target {t}, share {args.share}, min_checks {args.min_checks}, bins {args.bins}.",
+        f"Self-check: target {t}, share {args.share}, min_checks {args.min_checks}, bins {args.bins}, "
+        f"prior {not args.no_prior}, warm_share {args.warm_share}.",
         "",
         "## Result",
         "",
@@ -198,23 +207,29 @@ def report(epochs: list[Epoch], args: argparse.Namespace, pairs: int, command: s
         "## Per epoch",
         "",
         "| epoch | requests | semantic hits | wrong | allowed by target | candidates | checked | "
-        "checks agreed / differed | bins serving | seconds |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|",
+        "checked share | checks agreed / differed | bins serving at its end | checked share in them | "
+        "seconds |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|",
     ]
     for e in epochs:
         c = e.candidates_served + e.candidates_checked
-        serving = ", ".join(f"{b['bin']}" for b in e.bins if b["state"] == "serving") or "none"
+        in_bins = e.serving_served + e.serving_checked
+        in_serving = f"{e.serving_checked / in_bins:.1%} of {in_bins:.0f}" if in_bins else "-"
+        serving = ", ".join(f"{b['bin']}" for b in e.bins if b["state"] == "serving" and b["tenant"] != "*")
         lines.append(
             f"| {e.epoch} | {e.requests} | {e.semantic_served} | {e.semantic_wrong} | "
             f"{(1 - t) * e.semantic_served:.1f} | {c:.0f} | {e.candidates_checked:.0f} | "
-            f"{e.checks_agreed:.0f} / {e.checks_differed:.0f} | {serving} | {e.seconds} |"
+            f"{e.candidates_checked / c if c else 0:.1%} | "
+            f"{e.checks_agreed:.0f} / {e.checks_differed:.0f} | {serving or 'none'} | {in_serving} | "
+            f"{e.seconds} |"
         )
-    lines += ["", "## Bins at the end (`llm-gate dedup status`)", "",
-              "| tenant | language | bin | checks | agreed | precision | lower bound | state |",
-              "|---|---|---:|---:|---:|---:|---:|---|"]
+    lines += ["", "## Bins at the end (`llm-gate dedup status`; tenant * is every tenant's prior)",
+              "", "| tenant | language | bin | live checks | agreed | prior agreed / checks | precision | "
+              "lower bound | state |", "|---|---|---:|---:|---:|---:|---:|---:|---|"]
     for b in epochs[-1].bins:
         lines.append(f"| {b['tenant']} | {b['language']} | {b['bin']} | {b['checks']} | {b['agreed']} | "
-                     f"{b['precision']:.3f} | {b['lower_bound']:.3f} | {b['state']} |")
+                     f"{b['prior_agreed']} / {b['prior_checks']} | {b['precision']:.3f} | "
+                     f"{b['lower_bound']:.3f} | {b['state']} |")
     errors = sum(e.errors for e in epochs)
     lines += ["", f"Errors (non-200 or transport): {errors}.", ""]
     return "\n".join(lines)
@@ -228,13 +243,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--min-checks", type=int, default=30)
     p.add_argument("--bins", type=float, nargs="+", default=[0.6, 0.8, 0.9])
     p.add_argument("--concurrency", type=int, default=8)
+    p.add_argument("--no-prior", action="store_true", help="every bin starts from nothing")
+    p.add_argument("--warm-share", type=float, default=0.25)
     p.add_argument("--limit", type=int, default=None, help="only the first N pairs (a quick look)")
     p.add_argument("--data", type=Path, default=None)
     p.add_argument("--out", type=Path, default=RESULTS / "selfcal.md")
     args = p.parse_args(argv)
     work = workload(args.data or default_data_dir(), args.limit)
     self_check = {"enabled": True, "share": args.share, "target": args.target, "min_checks": args.min_checks,
-                  "bins": args.bins}
+                  "bins": args.bins, "prior": not args.no_prior, "warm_share": args.warm_share}
     config = {
         "store": {"op_timeout_ms": 500},
         "cache": {"semantic": {"embedder": "minilm", "self_check": self_check}},

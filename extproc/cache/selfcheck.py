@@ -2,9 +2,10 @@
 check's fresh answer is complete, compare it with the cached one and count the outcome.
 
 The decisions are `extproc.dedup.selfcheck`; the counts live in a `BinStore` shared by every
-replica. Every store call goes through the store guard within the cache's budget: a bin
+replica, and each bin's prior comes from the matcher's shipped curve (the same on every
+replica). Every store call goes through the store guard within the cache's budget: a bin
 whose counts cannot be read is treated as learning (its candidate goes upstream), never as
-serving.
+serving, whatever its prior.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import random
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -21,7 +22,7 @@ import orjson
 from ..config import CacheSelfCheck
 from ..dedup.decide import Policy
 from ..dedup.lang import language
-from ..dedup.selfcheck import Counts, action, agree, bin_of, same_text, verdict
+from ..dedup.selfcheck import Counts, Verdict, action, agree, bin_of, prior, same_text, share_of, verdict
 from ..metrics import Metrics
 from ..redis_conn import StoreGuard
 from ..tasks import Tasks
@@ -43,6 +44,7 @@ class Check:
     embedder: AsyncEmbedder
     token: str
     target: float = 0.95
+    prior: Counts = field(default_factory=Counts)  # the bin's discounted prior, added to its live counts
 
 
 def open_policy(policy: Policy, floor: float) -> Policy:
@@ -50,6 +52,20 @@ def open_policy(policy: Policy, floor: float) -> Policy:
     operating point, decide which scores serve."""
     langs = {lang: replace(point, threshold=floor) for lang, point in policy.languages.items()}
     return replace(policy, languages=langs)
+
+
+def priors(policy: Policy, config: CacheSelfCheck, target: float) -> dict[str, dict[str, Counts]]:
+    """Per language, the bins whose selection evidence (the policy's curve) proves ``target``,
+    each with its just-enough prior; none at all with ``prior`` off."""
+    if not config.prior:
+        return {}
+    return {
+        lang: prior(
+            [(c.threshold, c.hits, round(c.precision * c.hits)) for c in point.curve],
+            config.bins, target, config.min_checks,
+        )
+        for lang, point in policy.languages.items()
+    }
 
 
 def answer_text(kind: str, body: str, events: tuple[tuple[float, str], ...]) -> str:
@@ -76,6 +92,7 @@ class SelfCheck:
         self.tasks = tasks
         self.budget_s = budget_s
         self.draw = draw
+        self._priors: dict[tuple[int, float], dict[str, dict[str, Counts]]] = {}  # by policy id, target
 
     async def judge(
         self, tenant: str, query: str, entry: Entry | None, score: float, matcher: Matcher
@@ -86,17 +103,26 @@ class SelfCheck:
         if name is None:  # under the floor (the matcher's own threshold): never served
             return Check(tenant, lang, "", "", embedder, "")
         target = self.target if self.target is not None else matcher.policy.target
+        start = self.prior_of(matcher.policy, target, lang, name)
         read = self.bins.counts(tenant, lang, name)
-        counts = await self.guard.run(read, None, "selfcheck_read", self.budget_s)
-        if counts is not None:
-            self._observe(tenant, lang, name, counts, target)
-        v = verdict(counts or Counts(), target, self.config.min_checks)
-        act = action(v, self.config.share, self.draw())
+        live = await self.guard.run(read, None, "selfcheck_read", self.budget_s)
+        v: Verdict = "learn"  # counts that cannot be read never serve, whatever the prior
+        if live is not None:
+            self._observe(tenant, lang, name, live + start, target)
+            v = verdict(live + start, target, self.config.min_checks)
+        c = self.config
+        act = action(v, share_of(live or Counts(), start, c.share, c.warm_share, c.min_checks), self.draw())
         self.metrics.selfcheck_candidates.labels(lang, name, act).inc()
         if act == "serve":
             return None
         cached = answer_text(entry.kind, entry.body, entry.events) if entry is not None else ""
-        return Check(tenant, lang, name, cached, embedder, uuid.uuid4().hex, target)
+        return Check(tenant, lang, name, cached, embedder, uuid.uuid4().hex, target, start)
+
+    def prior_of(self, policy: Policy, target: float, lang: str, name: str) -> Counts:
+        key = (id(policy), target)
+        if key not in self._priors:
+            self._priors[key] = priors(policy, self.config, target)
+        return self._priors[key].get(lang, {}).get(name, Counts())
 
     def compare(self, check: Check, kind: str, body: str, events: tuple[tuple[float, str], ...]) -> None:
         """Off the response path: the client already has the fresh answer."""
@@ -111,7 +137,7 @@ class SelfCheck:
         record = self.bins.record(check.tenant, check.language, check.bin, agreed, check.token)
         counts = await self.guard.run(record, None, "selfcheck_record", self.budget_s)
         if counts is not None:
-            self._observe(check.tenant, check.language, check.bin, counts, check.target)
+            self._observe(check.tenant, check.language, check.bin, counts + check.prior, check.target)
 
     async def _cosine(self, check: Check, fresh: str) -> float | None:
         e = check.embedder

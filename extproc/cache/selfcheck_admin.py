@@ -2,9 +2,12 @@
 
     llm-gate dedup status [--config gate.yaml] [--redis redis://host:6379/0] [--json]
 
-One line per (tenant, language, verifier-score bin): checks, how many agreed, precision, its
-95% lower bound, and whether the bin serves semantic hits or is still learning (its bound
-under the target, or fewer checks than `min_checks`). The counts live in Redis
+One line per (tenant, language, verifier-score bin): live checks, how many agreed, the bin's
+prior (where the shipped evaluation's evidence proves the target: just enough of it to
+serve, where every tenant starts), the
+precision and 95% lower bound of both together, and whether the bin serves semantic hits or
+is still learning (its bound under the target, or fewer checks than `min_checks`). Bins no
+check has reached yet are listed by their prior alone. The counts live in Redis
 (`store.redis_url`); without Redis each gate process keeps its own, shown by its metrics
 (`gate_cache_selfcheck_lower_bound`, `gate_cache_selfcheck_serving`).
 """
@@ -18,11 +21,14 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+from redis.exceptions import RedisError
 
 from ..config import Config, load_config_or_report
-from ..dedup.selfcheck import verdict
+from ..dedup.selfcheck import Counts, verdict
 from ..redis_conn import admin_client
 from .bins import BinStore, RedisBins
+from .selfcheck import priors
+from .setup import semantic_policy
 
 
 def target_of(config: Config) -> float:
@@ -30,34 +36,57 @@ def target_of(config: Config) -> float:
     return s.self_check.target if s.self_check.target is not None else s.target_precision
 
 
+def shipped_priors(config: Config) -> dict[str, dict[str, Counts]]:
+    """Each language's bins' priors, from the calibration files the gates read."""
+    s = config.cache.semantic
+    try:
+        return priors(semantic_policy(s), s.self_check, target_of(config))
+    except (FileNotFoundError, ValueError):
+        return {}
+
+
+def _row(tenant: str, language: str, bin: str, live: Counts, start: Counts, target: float,
+         min_checks: int) -> dict[str, Any]:
+    both = live + start
+    return {
+        "tenant": tenant,
+        "language": language,
+        "bin": bin,
+        "checks": live.checks,
+        "agreed": live.agreed,
+        "prior_checks": start.checks,
+        "prior_agreed": start.agreed,
+        "precision": round(both.precision, 4),
+        "lower_bound": round(both.lower, 4),
+        "state": "serving" if verdict(both, target, min_checks) == "serve" else "learning",
+    }
+
+
 async def status(bins: BinStore, config: Config) -> list[dict[str, Any]]:
-    sc, target = config.cache.semantic.self_check, target_of(config)
-    return [
-        {
-            "tenant": r.tenant,
-            "language": r.language,
-            "bin": r.bin,
-            "checks": r.counts.checks,
-            "agreed": r.counts.agreed,
-            "precision": round(r.counts.precision, 4),
-            "lower_bound": round(r.counts.lower, 4),
-            "state": "serving" if verdict(r.counts, target, sc.min_checks) == "serve" else "learning",
-        }
-        for r in await bins.rows()
+    sc, target, start = config.cache.semantic.self_check, target_of(config), shipped_priors(config)
+    rows = [
+        _row("*", lang, name, Counts(), counts, target, sc.min_checks)
+        for lang, by_bin in sorted(start.items()) for name, counts in sorted(by_bin.items())
     ]
+    for r in await bins.rows():
+        prior_counts = start.get(r.language, {}).get(r.bin, Counts())
+        rows.append(_row(r.tenant, r.language, r.bin, r.counts, prior_counts, target, sc.min_checks))
+    return rows
 
 
 def render(rows: list[dict[str, Any]], target: float) -> str:
-    lines = [f"{'tenant':<16}{'lang':<6}{'bin':>6}{'checks':>8}{'agreed':>8}{'precision':>11}{'lower':>8}"
-             "  state"]
+    lines = [f"{'tenant':<16}{'lang':<6}{'bin':>6}{'checks':>8}{'agreed':>8}{'prior':>10}{'precision':>11}"
+             f"{'lower':>8}  state"]
     for r in rows:
+        prior_text = f"{r['prior_agreed']}/{r['prior_checks']}"
         lines.append(
             f"{r['tenant']:<16}{r['language'] or '-':<6}{r['bin']:>6}{r['checks']:>8}{r['agreed']:>8}"
-            f"{r['precision']:>11.3f}{r['lower_bound']:>8.3f}  {r['state']}"
+            f"{prior_text:>10}{r['precision']:>11.3f}{r['lower_bound']:>8.3f}  {r['state']}"
         )
     if not rows:
         lines.append("(no checks yet)")
-    lines.append(f"target {target:g}: a bin serves once its lower bound reaches it")
+    lines.append(f"target {target:g}: a bin serves once its lower bound reaches it; tenant * is where every "
+                 "tenant starts (the prior alone)")
     return "\n".join(lines)
 
 
@@ -69,6 +98,9 @@ async def _run(args: argparse.Namespace, config: Config) -> int:
         return 1
     try:
         rows = await status(RedisBins(client, config.cache.semantic.self_check.key_prefix), config)
+    except RedisError as exc:
+        print(f"cannot read the bins from Redis: {exc}", file=sys.stderr)
+        return 1
     finally:
         await client.aclose()
     text = orjson.dumps(rows, option=orjson.OPT_INDENT_2).decode() if args.json else None

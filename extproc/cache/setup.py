@@ -17,6 +17,7 @@ import numpy as np
 
 from ..config import CacheSemantic as SemanticConfig
 from ..config import SemanticProfile
+from ..dedup.decide import Policy
 from ..metrics import Metrics
 from ..redis_client import connect_sync
 from ..redis_config import RedisTopology
@@ -56,25 +57,35 @@ def ensure_model(name: str, model_dir: Path, build_missing: bool) -> None:
                 raise ModelError(f"building the '{name}' model into {model_dir} failed; see the log above")
 
 
-def load_matcher(cfg: SemanticConfig, metrics: Metrics, processes: int = 1) -> Matcher | None:
+def semantic_policy(cfg: SemanticConfig) -> Policy:
+    """What the matcher decides by, read from the calibration files alone (no model): the
+    verifier's points, or the judge's. FileNotFoundError: no calibration file; ValueError:
+    a judge trained on another embedder."""
     from ..dedup.decide import load_policy
 
+    policy = load_policy(cfg.embedder, cfg.target_precision, cfg.policy_file)
+    if not cfg.judge:
+        return policy
+    from ..dedup.judge import judge_policy
+
+    return judge_policy(cfg.embedder, cfg.target_precision, cfg.judge_dir)
+
+
+def load_matcher(cfg: SemanticConfig, metrics: Metrics, processes: int = 1) -> Matcher | None:
     # Read first: a centre file that cannot be used stops the start before any model loads.
     center = read_center(cfg.lsh_center_file, cfg.embedder) if cfg.lsh_center_file else None
     try:
-        policy = load_policy(cfg.embedder, cfg.target_precision, cfg.policy_file)
+        policy = semantic_policy(cfg)
     except FileNotFoundError as exc:
         log.warning("semantic cache off: no calibration file (%s)", exc)
         return None
+    except ValueError as exc:
+        raise ModelError(f"cache.semantic.judge: {exc}; set cache.semantic.embedder: e5-small") from exc
     judge = None
     if cfg.judge:
-        from ..dedup.judge import judge_policy, load_judge
+        from ..dedup.judge import load_judge
 
-        try:
-            policy = judge_policy(cfg.embedder, cfg.target_precision, cfg.judge_dir)
-            judge = load_judge(cfg.judge_dir)
-        except ValueError as exc:
-            raise ModelError(f"cache.semantic.judge: {exc}; set cache.semantic.embedder: e5-small") from exc
+        judge = load_judge(cfg.judge_dir)
     if cfg.self_check.enabled:
         from .selfcheck import open_policy
 

@@ -8,6 +8,13 @@ least ``min_checks`` checks; until then every candidate of the bin is checked (i
 a miss costs, nothing more), and once it serves, a ``share`` of its candidates still is. One
 wrong check too many pulls the bound under the target and the bin stops serving at once.
 
+A new deployment need not start from nothing. Where the shipped evaluation's selection pairs
+that fall in a bin prove the target (their 95% lower bound reaches it on enough pairs), the
+bin starts with a **prior**: those pairs discounted to just enough evidence to serve (the
+fewest checks at their precision, wrong ones rounded up, whose bound still reaches the
+target). It serves from its first candidate, and one wrong live answer before more agreeing
+ones pull its bound under the target. A bin whose shipped pairs prove nothing starts empty.
+
 Nothing here does I/O: the counts come from a store, the draw from an injected random source.
 """
 
@@ -49,6 +56,32 @@ class Counts:
     def lower(self) -> float:
         return wilson_lower(self.agreed, self.checks)
 
+    def __add__(self, other: Counts) -> Counts:
+        return Counts(self.checks + other.checks, self.agreed + other.agreed)
+
+
+def prior(
+    evidence: Sequence[tuple[float, int, int]], edges: Sequence[float], target: float, min_checks: int
+) -> dict[str, Counts]:
+    """The bins whose shipped evidence proves ``target``, each with its just-enough prior.
+    ``evidence``: cumulative (threshold, pairs scored at or above it, of them the same
+    question). A bin whose edges are not both thresholds of the evidence (or the top bin's
+    lower edge) gets none."""
+    at = {round(t, 4): (n, ok) for t, n, ok in evidence}
+    out: dict[str, Counts] = {}
+    for i, edge in enumerate(edges):
+        low = at.get(round(edge, 4))
+        high = at.get(round(edges[i + 1], 4)) if i + 1 < len(edges) else (0, 0)
+        if low is None or high is None or low[0] <= high[0]:
+            continue
+        n, ok = low[0] - high[0], low[1] - high[1]
+        for m in range(min(n, min_checks), n + 1):  # the fewest checks that still prove it
+            wrong = math.ceil((n - ok) * m / n - 1e-9)
+            if verdict(Counts(m, m - wrong), target, min_checks) == "serve":
+                out[f"{edge:.2f}"] = Counts(m, m - wrong)
+                break
+    return out
+
 
 def bin_of(score: float, edges: Sequence[float]) -> str | None:
     """The bin's name (its lower edge, two decimals) of a verifier score; None below the first
@@ -62,6 +95,12 @@ def bin_of(score: float, edges: Sequence[float]) -> str | None:
 
 def verdict(counts: Counts, target: float, min_checks: int) -> Verdict:
     return "serve" if counts.checks >= min_checks and counts.lower >= target else "learn"
+
+
+def share_of(live: Counts, prior: Counts, share: float, warm_share: float, min_checks: int) -> float:
+    """A bin that serves on its prior more than on live checks checks ``warm_share`` of its
+    candidates until it has ``min_checks`` live checks, then ``share``."""
+    return warm_share if prior.checks and live.checks < min_checks else share
 
 
 def action(v: Verdict, share: float, draw: float) -> Action:

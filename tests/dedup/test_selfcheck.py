@@ -12,6 +12,7 @@ from extproc.dedup.selfcheck import (
     agree,
     bin_of,
     normalise_answer,
+    prior,
     same_text,
     verdict,
     wilson_lower,
@@ -86,3 +87,32 @@ def test_answers_that_differ_only_in_case_spacing_and_punctuation_are_the_same()
 def test_answers_agree_by_embedding_only_at_the_threshold() -> None:
     assert agree(0.97, 0.97) and not agree(0.969, 0.97)
     assert not agree(None, 0.5)  # an answer the embedder cannot read is no agreement
+
+
+# (threshold, pairs scored at or above it, of them the same question): a selection curve.
+EVIDENCE = [(0.5, 400, 300), (0.6, 300, 250), (0.8, 200, 190), (0.85, 150, 148), (0.9, 100, 100)]
+
+
+def test_only_bins_whose_shipped_pairs_prove_the_target_get_a_prior_just_enough_to_serve() -> None:
+    bins = prior(EVIDENCE, EDGES, target=0.95, min_checks=30)
+    # 0.60: 60 of 100 and 0.80: 90 of 100 prove nothing; 0.90: 100 of 100 (bound 0.963).
+    assert bins == {"0.90": Counts(73, 73)}  # the fewest checks whose bound reaches 0.95
+    assert verdict(bins["0.90"], 0.95, 30) == "serve"
+    assert verdict(bins["0.90"] + Counts(1, 0), 0.95, 30) == "learn"  # one live wrong answer stops it
+    assert verdict(bins["0.90"] + Counts(40, 40) + Counts(1, 0), 0.95, 30) == "serve"  # ... until it has more
+
+
+def test_a_prior_keeps_its_wrong_pairs_rounded_up_and_min_checks() -> None:
+    bins = prior(EVIDENCE, EDGES, target=0.8, min_checks=30)
+    # 0.80: 90 of 100, bound 0.826: the fewest checks at 10% wrong (rounded up) that prove 0.8.
+    start = bins["0.80"]
+    assert start.checks < 100 and start.checks - start.agreed >= 0.1 * start.checks
+    assert verdict(start, 0.8, 30) == "serve"
+    assert verdict(Counts(start.checks - 1, start.agreed - 1), 0.8, 30) == "learn"
+    assert prior([(0.9, 20, 20)], (0.9,), target=0.5, min_checks=30) == {}  # fewer pairs than min_checks
+
+
+def test_no_prior_for_a_bin_the_curve_does_not_reach() -> None:
+    edges = (0.6, 0.7, 0.9)  # 0.7 is no threshold of the curve
+    assert prior(EVIDENCE, edges, target=0.95, min_checks=30).keys() == {"0.90"}
+    assert prior([], EDGES, target=0.5, min_checks=1) == {}
