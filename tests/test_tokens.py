@@ -62,7 +62,7 @@ def test_a_conversation_tokenizes_only_its_new_turn_and_counts_the_same() -> Non
     counter._tok = spy  # type: ignore[assignment]
     new = "And what about the last point?"
     total = counter.count([*history, new])
-    assert spy.chars == len(new)  # the earlier turns were not tokenized again
+    assert 0 < spy.chars <= len(new)  # the earlier turns were not tokenized again
     assert total == TokenCounter(slice_chars=4096).count([*history, new])  # a fresh count agrees
 
 
@@ -105,6 +105,22 @@ def test_a_long_text_counted_by_its_pieces_is_counted_exactly_as_a_whole() -> No
         text = "".join(rng.choice(FRAGMENTS) for _ in range(rng.randrange(200, 900)))
         expected = len(whole._tok.encode(text, add_special_tokens=False).ids) + PER_MESSAGE_OVERHEAD
         assert counter.count([text]) == expected, repr(text)
+
+
+def test_a_short_text_is_counted_by_its_pieces_exactly_and_known_words_are_not_tokenized_again() -> None:
+    counter = TokenCounter()
+    whole = TokenCounter()._tok
+    rng = random.Random(11)
+    for _ in range(300):
+        text = "".join(rng.choice(FRAGMENTS) for _ in range(rng.randrange(1, 12)))
+        expected = len(whole.encode(text, add_special_tokens=False).ids) + PER_MESSAGE_OVERHEAD
+        assert counter.count([text]) == expected, repr(text)
+    counter.count(["How do I reset my password?"])
+    spy = Recording(counter._tok)
+    counter._tok = spy  # type: ignore[assignment]
+    total = counter.count(["How do I reset my  password for order 4711?"])
+    assert spy.chars == len("password" "for" "order" "4711?")  # "password?" and the rest were known
+    assert total == TokenCounter().count(["How do I reset my  password for order 4711?"])
 
 
 def test_a_second_document_tokenizes_only_the_pieces_it_brings_new() -> None:
