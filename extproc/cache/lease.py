@@ -56,7 +56,9 @@ class _Local:
     scope: str
     key: str
     token: str | None = None
-    keepalive: asyncio.Task[None] | None = field(default=None, repr=False)
+    # The lease's renewal: a timer until the first renewal is due (most answers come before
+    # it: no task is made for them), then the task that renews it.
+    keepalive: asyncio.TimerHandle | asyncio.Task[None] | None = field(default=None, repr=False)
 
 
 class Leases:
@@ -193,18 +195,22 @@ class Leases:
 
     def _lead(self, local: _Local, token: str) -> None:
         local.token = token
-        local.keepalive = self.tasks.spawn(self._keep(local, token), "cache_lease_renew")
+        local.keepalive = asyncio.get_running_loop().call_later(
+            self.config.lease_s / 3, self._renewal_due, local, token
+        )
+
+    def _renewal_due(self, local: _Local, token: str) -> None:
+        if local.token == token:
+            local.keepalive = self.tasks.spawn(self._keep(local, token), "cache_lease_renew")
 
     async def _keep(self, local: _Local, token: str) -> None:
         while local.token == token:
-            await asyncio.sleep(self.config.lease_s / 3)
-            if local.token != token:
-                return
             held = await self._run(
                 self.store.renew(local.scope, local.key, token, self.lease_ms), True, "cache_renew"
             )
             if not held:
                 return  # taken over (our lease expired): the new leader's answer will do
+            await asyncio.sleep(self.config.lease_s / 3)
 
     async def finish(self, scope: str, key: str, token: str, entry: bytes | None, *, stored: bool) -> None:
         """The leader is done: `entry` is its answer (None: there is none to share).

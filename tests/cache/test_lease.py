@@ -94,6 +94,25 @@ async def test_a_follower_elsewhere_is_woken_by_the_notice(client: Client) -> No
     await b.tasks.aclose()
 
 
+async def test_a_slow_leader_keeps_its_lease_past_its_length_and_stops_renewing_when_done(
+    client: Client,
+) -> None:
+    here, there = Counting(client), Counting(client)
+    a, b = leases(here, client, lease_s=0.3), leases(there, client, lease_s=0.3)
+    leader = await a.claim(S, "k", lead=True, wait_s=5)
+    assert leader.role == "leader" and leader.token is not None
+    await asyncio.sleep(1.0)  # three lease lengths: renewed all along
+    other = await b.claim(S, "k", lead=True, wait_s=0.05)  # another process: still led by `a`
+    assert other.role == "upstream" and other.coalesced
+    await answer(a, here, leader, "k", b"slow answer")
+    await asyncio.sleep(0.01)  # the cancelled renewal unwinds
+    assert not a.tasks  # the renewal ended with the lead
+    got = await b.claim(S, "k", lead=True, wait_s=1)
+    assert (got.role, got.entry) == ("hit", b"slow answer")
+    await a.tasks.aclose()
+    await b.tasks.aclose()
+
+
 async def test_exactly_one_waiter_takes_over_a_leader_that_gave_up(client: Client) -> None:
     store = Counting(client)
     coalescer = leases(store, client)
