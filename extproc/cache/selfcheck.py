@@ -44,7 +44,7 @@ class Check:
     embedder: AsyncEmbedder
     token: str
     target: float = 0.95
-    prior: Counts = field(default_factory=Counts)  # the bin's discounted prior, added to its live counts
+    prior: Counts = field(default_factory=Counts)  # the bin's prior, added to its live counts
 
 
 def open_policy(policy: Policy, floor: float) -> Policy:

@@ -3,11 +3,10 @@
     llm-gate dedup status [--config gate.yaml] [--redis redis://host:6379/0] [--json]
 
 One line per (tenant, language, verifier-score bin): live checks, how many agreed, the bin's
-prior (where the shipped evaluation's evidence proves the target: just enough of it to
-serve, where every tenant starts), the
-precision and 95% lower bound of both together, and whether the bin serves semantic hits or
-is still learning (its bound under the target, or fewer checks than `min_checks`). Bins no
-check has reached yet are listed by their prior alone. The counts live in Redis
+prior (where the shipped evaluation's evidence proves the target, just enough of it to
+serve: where every tenant starts, listed as tenant `*`), the precision and 95% lower bound
+of both together, and whether the bin serves semantic hits or is still learning (its bound
+under the target, or fewer checks than `min_checks`). The counts live in Redis
 (`store.redis_url`); without Redis each gate process keeps its own, shown by its metrics
 (`gate_cache_selfcheck_lower_bound`, `gate_cache_selfcheck_serving`).
 """
