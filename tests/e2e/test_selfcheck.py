@@ -38,7 +38,9 @@ MIN_CHECKS = 4  # 4 of 4 agreeing: Wilson lower bound 0.51, at the target 0.5
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     models = tmp_path_factory.mktemp("models")
     build_minilm(models)
-    self_check = {"enabled": True, "share": 0.5, "target": 0.5, "min_checks": MIN_CHECKS, "bins": [0.3]}
+    # No prior: at target 0.5 the shipped curve proves the bin, which would serve at once.
+    self_check = {"enabled": True, "share": 0.5, "target": 0.5, "min_checks": MIN_CHECKS, "bins": [0.3],
+                  "prior": False}
     config = {
         "store": {"op_timeout_ms": 500},
         "cache": {"semantic": {"embedder": "minilm", "model_dir": str(models), "self_check": self_check}},
