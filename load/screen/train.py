@@ -1,11 +1,12 @@
 """Train the injection screen's head: `python -m load.screen.train --repos DIR`.
 
 The training sources (in-the-wild jailbreaks, jailbreak/injection templates, deepset's set,
-JailbreakBench's artefacts) and the benign sets, train split only; the held-out source
-(Tensor Trust) is never trained on. The head: a 384-64-1 MLP over the embedding plus
-`--lex-weight` times a logistic regression over hashed character n-grams of the text
-(`--lex-l2`), fitted apart and added; the defaults are the candidate with the best worst fold
-out of source (`load.screen.sweep`); `--lex-weight 0` ships the MLP alone. The threshold is
+JailbreakBench's artefacts, promptmap's rules, LLM Guard's test prompts) and the benign sets,
+train split only; the held-out source (Tensor Trust) is never trained on. The head: a
+384-64-1 MLP over the embedding plus `--lex-weight` times a logistic regression over hashed
+character n-grams of the text (`--lex-l2`), fitted apart and added; the defaults are the
+candidate with the best worst fold out of source (`load.screen.sweep`); `--lex-weight 0`
+ships the MLP alone. The threshold is
 set at the target false-positive rate on the benign validation split.
 """
 
