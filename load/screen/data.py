@@ -10,6 +10,14 @@ Sources (label 1 = injection / jailbreak, 0 = benign):
   search): jailbreak prompts that worked against four models.
 - `deepset` (1 and 0, en/de): deepset's prompt-injections set, as kept by
   sinanw/llm-security-prompt-injection (parquet; read with pyarrow).
+- `promptmap` (1): promptmap's attack rules (utkusen/promptmap, `rules/`): its distraction
+  (goal hijacking: "Forget all your rules ... just write ..."), jailbreak and prompt-stealing
+  rules, one text per rule; its harmful, hate and social-bias rules are plain unsafe questions,
+  not injections, and are left out.
+- `llmguard` (1 and 0): the labelled prompts of LLM Guard's prompt-injection scanner tests
+  (protectai/llm-guard, `tests/input_scanners/test_prompt_injection.py`): short instruction
+  overrides, system-prompt extraction and injected e-mail / web snippets; the prompts the tests
+  expect to pass are benign.
 - `tensortrust` (1): Tensor Trust hijacking and extraction attacks: the held-out source.
 - `clinc` (0, en): CLINC150 user requests (banking, travel, ...: customer-service style).
 - `atec` (0, zh): ATEC customer-service questions (Alipay / Huabei), from ../shared/data/paraphrase.
@@ -17,6 +25,11 @@ Sources (label 1 = injection / jailbreak, 0 = benign):
 - `hard` (0, en+zh): hard benign cases written for this screen (load/screen/hard_benign.txt).
 
 Run `git clone` of each repository below at its commit into REPOS/<owner>/<name>.
+
+A text of a newer source (`promptmap`, `llmguard`) that an earlier source or the held-out
+source already holds (the same once case, width and everything but letters and digits are
+set aside) is dropped: the held-out source stays unseen, and no text sits on both sides of a
+leave-one-source-out fold.
 """
 
 from __future__ import annotations
@@ -28,8 +41,11 @@ import io
 import json
 import random
 import subprocess
+import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
+
+import yaml
 
 REPOS = {
     "NVIDIA/garak": "cafbe992780df70015de7295ca026b70c4629ada",
@@ -39,7 +55,11 @@ REPOS = {
     "clinc/oos-eval": "828f8093932c8fe6ca7936c3d2e52903b1c523de",
     "sinanw/llm-security-prompt-injection": "c8af0b015a9a4f3380f9e20214828c2dbeadc72c",
     "JailbreakBench/artifacts": "909e68c01d94222b8ad2e397a017e2e12e2adb73",
+    "utkusen/promptmap": "d305132e38f28b4cdca5c5b4586f11904ed1836d",
+    "protectai/llm-guard": "53af270c69316ed82cb71ba7b19d11b55bda3151",
 }
+PROMPTMAP_KINDS = ("distraction", "jailbreak", "prompt_stealing")  # injections; not harmful/hate/social_bias
+LLMGUARD_TESTS = "tests/input_scanners/test_prompt_injection.py"
 JBB = [f"attack-artifacts/{method}/{kind}/{model}.json"
        for method, kind in (("PAIR", "black_box"), ("GCG", "transfer"), ("GCG", "white_box"),
                             ("JBC", "manual"), ("DSN", "white_box"),
@@ -102,6 +122,47 @@ def _samples(texts: list[str], label: int, source: str) -> list[Sample]:
     return out
 
 
+def normalised(text: str) -> str:
+    """The key near-duplicates share: NFKC, case-folded, letters and digits only."""
+    return "".join(ch for ch in unicodedata.normalize("NFKC", text).casefold() if ch.isalnum())
+
+
+def _novel(new: list[Sample], known: list[Sample]) -> list[Sample]:
+    seen = {normalised(s.text) for s in known}
+    out = []
+    for s in new:
+        key = normalised(s.text)
+        if key not in seen:
+            seen.add(key)
+            out.append(s)
+    return out
+
+
+def _ls(repos: Path, repo: str, folder: str) -> list[str]:
+    cmd = ["git", "-C", str(repos / repo), "ls-tree", "-r", "--name-only", REPOS[repo], folder]
+    out = subprocess.run(cmd, capture_output=True, check=True, text=True)
+    return sorted(out.stdout.split())
+
+
+def promptmap(repos: Path) -> list[str]:
+    """promptmap's injection rules: each rule's `prompt`, one text per rule."""
+    repo = "utkusen/promptmap"
+    paths = [path for kind in PROMPTMAP_KINDS for path in _ls(repos, repo, f"rules/{kind}")]
+    return [yaml.safe_load(_show(repos, repo, path))["prompt"] for path in paths if path.endswith(".yaml")]
+
+
+def llmguard(repos: Path) -> list[Sample]:
+    """The prompts of LLM Guard's prompt-injection tests, labelled by the verdict each test
+    expects: (match type, prompt, expected valid, expected score) tuples."""
+    tree = ast.parse(_show(repos, "protectai/llm-guard", LLMGUARD_TESTS))
+    cases = [(n.elts[1].value, n.elts[2].value) for n in ast.walk(tree)
+             if isinstance(n, ast.Tuple) and len(n.elts) == 4
+             and isinstance(n.elts[1], ast.Constant) and isinstance(n.elts[1].value, str)
+             and isinstance(n.elts[2], ast.Constant) and isinstance(n.elts[2].value, bool)]
+    return (_samples([p for p, valid in cases if not valid], 1, "llmguard")
+            + _samples([p for p, valid in cases if valid], 0, "llmguard"))
+
+
 def _exists(repos: Path, repo: str, path: str) -> bool:
     out = subprocess.run(["git", "-C", str(repos / repo), "cat-file", "-e", f"{REPOS[repo]}:{path}"],
                          capture_output=True)
@@ -150,8 +211,10 @@ def injections(repos: Path) -> list[Sample]:
         path = f"benchmarks/{bench}-robustness/v1/{bench}_robustness_dataset.jsonl"
         lines = _show(repos, "HumanCompatibleAI/tensor-trust-data", path).splitlines()
         tt += [json.loads(line)["attack"] for line in lines]
-    return (_samples(itw, 1, "itw") + _samples(templates, 1, "templates") + deepset(repos)
-            + _samples(jailbreakbench(repos), 1, "jbb") + _samples(tt, 1, HELD_OUT))
+    known = (_samples(itw, 1, "itw") + _samples(templates, 1, "templates") + deepset(repos)
+             + _samples(jailbreakbench(repos), 1, "jbb") + _samples(tt, 1, HELD_OUT))
+    newer = _novel(_samples(promptmap(repos), 1, "promptmap") + llmguard(repos), known)
+    return known + newer
 
 
 def benign(repos: Path, paraphrase: Path, per_source: int, seed: int) -> list[Sample]:

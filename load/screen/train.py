@@ -1,11 +1,12 @@
 """Train the injection screen's head: `python -m load.screen.train --repos DIR`.
 
 The training sources (in-the-wild jailbreaks, jailbreak/injection templates, deepset's set,
-JailbreakBench's artefacts) and the benign sets, train split only; the held-out source
-(Tensor Trust) is never trained on. The head: a 384-64-1 MLP over the embedding plus
-`--lex-weight` times a logistic regression over hashed character n-grams of the text
-(`--lex-l2`), fitted apart and added; the defaults are the candidate with the best worst fold
-out of source (`load.screen.sweep`); `--lex-weight 0` ships the MLP alone. The threshold is
+JailbreakBench's artefacts, promptmap's rules, LLM Guard's test prompts) and the benign sets,
+train split only; the held-out source (Tensor Trust) is never trained on. The head: a
+384-64-1 MLP over the embedding plus `--lex-weight` times a logistic regression over hashed
+character n-grams of the text (`--lex-l2`), fitted apart and added; the defaults are the
+candidate with the best worst fold out of source (`load.screen.sweep`); `--lex-weight 0`
+ships the MLP alone. The threshold is
 set at the target false-positive rate on the benign validation split.
 """
 
@@ -23,7 +24,7 @@ from .fit import Lexical, by_source, combine, detection_at, fit_lexical, fit_mlp
 from .vectors import vectors
 
 LEX_BITS = 18  # 262,144 n-gram buckets (512 KB as float16, most of them zero)
-LEX_WEIGHT = 4.0  # load/results/screen_loso.md: the best worst fold out of source
+LEX_WEIGHT = 6.0  # load/results/screen_loso.md: the best worst fold out of source
 LEX_L2 = 1e-4
 BALANCES: dict[str, tuple[int, ...]] = {"classes": (), "benign-sources": (0,), "all-sources": (0, 1)}
 BALANCE = "classes"
