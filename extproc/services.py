@@ -68,7 +68,7 @@ class Services:
         """
         tasks = Tasks(metrics)
         redis = connect(config.store)
-        store = StoreGuard(redis, config.store, metrics, tasks)
+        store = StoreGuard(redis, config.store, metrics, tasks, local=redis is None)
         c = config.cache
         answers = answer_store(redis, config.store.topology if c.enabled else None)
         hot = HotEntries(int(c.local.max_mb * 2**20), c.local.ttl_s) if c.enabled and c.local.max_mb else None
