@@ -77,7 +77,8 @@ def test_twenty_reloads_under_load_leave_the_redis_connections_where_they_were()
     """Each reload builds a new set of services (every Redis client included) and closes the
     old set once its streams are done: 18 more reloads under steady load leave CLIENT LIST
     where it was after the first two (a client left open per reload would add dozens), and no
-    request fails. (The request path's pools may grow by a connection under load: jitter.)"""
+    request fails. (The request path's pools may grow by a connection per concurrent request
+    under load: jitter.)"""
     import redis
 
     with (
@@ -110,11 +111,19 @@ def test_twenty_reloads_under_load_leave_the_redis_connections_where_they_were()
         baseline = len(admin.client_list())
         for i in range(2, 20):
             reload(i + 1)
-        time.sleep(1.5)
-        final = len(admin.client_list())
+        # The retired pipelines close once their streams are done: the fewest clients seen
+        # over 3 s, sampled while the load goes on.
+        samples = []
+        for _ in range(30):
+            samples.append(len(admin.client_list()))
+            time.sleep(0.1)
+        final = min(samples)
         stop.set()
         for t in threads:
             t.join(30)
         admin.close()
     assert statuses and set(statuses) == {200}, set(statuses)
-    assert final <= baseline + 2, (baseline, final)
+    # Each worker's request-path pool may open one more connection per concurrent request
+    # than it held at the baseline (3 load threads: up to 2 more per worker, 4 in all);
+    # a client left open per reload would add dozens.
+    assert final <= baseline + 2 * (len(threads) - 1), (baseline, final)
