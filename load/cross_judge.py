@@ -33,7 +33,7 @@ from extproc.dedup.decide import CurvePoint
 from extproc.dedup.judge import JUDGE_EMBEDDER, session, shipped_judge_dir
 
 from .judge_data import JudgeSet, judge_pairs, prepare_set, soft_targets
-from .train_judge import FLOOR_QUANTILE, average_precision, curve, languages, select_quality
+from .train_judge import FLOOR_QUANTILE, average_precision, curve, epoch_report, languages
 
 Params = dict[str, Any]
 DIM = 384
@@ -336,20 +336,11 @@ def train(
             losses.append(float(val))
         t1 = time.perf_counter()
         scores = score_sets(params, lower, sets, mean, scale)
-        quality = {
-            s.lang: select_quality(curve(s, sc, floors[s.lang], SWAPS[s.lang]))
-            + 0.001 * average_precision(s, sc, floors[s.lang])
-            for s, sc in zip(sets, scores, strict=True)
-        }
-        line = (
-            f"epoch {epoch + 1}: loss {np.mean(losses):.4f}, select quality: "
-            + ", ".join(f"{k} {v:.5f}" for k, v in quality.items())
-            + f" (fit {t1 - t0:.0f}s, score {time.perf_counter() - t1:.0f}s)"
-        )
-        print(line, file=sys.stderr, flush=True)
+        timing = f"fit {t1 - t0:.0f}s, score {time.perf_counter() - t1:.0f}s"
+        total, line = epoch_report(epoch, losses, sets, scores, floors, timing)
         log.append(line)
-        if sum(quality.values()) > best[0]:
-            best = (sum(quality.values()), jax.tree_util.tree_map(np.asarray, params))
+        if total > best[0]:
+            best = (total, jax.tree_util.tree_map(np.asarray, params))
     return best[1], mean, scale, log
 
 
@@ -597,6 +588,8 @@ def to_onnx(p: Params, mean: np.ndarray, scale: np.ndarray, skip: int, heads: in
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
+    from .judge_model import pair_inputs
+
     nodes: list[Any] = []
     inits: list[Any] = []
     n = [0]
@@ -718,11 +711,7 @@ def to_onnx(p: Params, mean: np.ndarray, scale: np.ndarray, skip: int, heads: in
     graph = helper.make_graph(
         nodes,
         "pair_cross_judge",
-        [
-            helper.make_tensor_value_info("a", TensorProto.FLOAT, [1, "la", DIM]),
-            helper.make_tensor_value_info("b", TensorProto.FLOAT, [1, "lb", DIM]),
-            helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, features]),
-        ],
+        pair_inputs(features),
         [helper.make_tensor_value_info("p", TensorProto.FLOAT, [1])],
         inits,
     )

@@ -133,11 +133,7 @@ def to_onnx(p: Params, mean: np.ndarray, scale: np.ndarray) -> Any:
     graph = helper.make_graph(
         nodes,
         "pair_judge",
-        [
-            helper.make_tensor_value_info("a", TensorProto.FLOAT, [1, "la", DIM]),
-            helper.make_tensor_value_info("b", TensorProto.FLOAT, [1, "lb", DIM]),
-            helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, features]),
-        ],
+        pair_inputs(features),
         [helper.make_tensor_value_info(prob, TensorProto.FLOAT, [1])],
         [numpy_helper.from_array(v, name=k) for k, v in inits.items()],
     )
@@ -155,3 +151,15 @@ def from_onnx(model: Any) -> tuple[Params, np.ndarray, np.ndarray]:
     p = {k: w[k] for k in ("w1", "b1", "w2", "b2", "w3", "b3", "w4", "b4", "w5", "b5")}
     p["log_t"] = np.log(w["t"].reshape(()))
     return p, w["mean"], w["scale"]
+
+
+def pair_inputs(features: int) -> list[Any]:
+    """A pair graph's inputs: both prompts' token states (one prompt each, any length) and the
+    pair's standardised features."""
+    from onnx import TensorProto, helper
+
+    return [
+        helper.make_tensor_value_info("a", TensorProto.FLOAT, [1, "la", DIM]),
+        helper.make_tensor_value_info("b", TensorProto.FLOAT, [1, "lb", DIM]),
+        helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, features]),
+    ]

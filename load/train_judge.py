@@ -106,6 +106,26 @@ def select_quality(pts: list[CurvePoint]) -> float:
     return select_recall(pts) + 0.1 * max(point, default=0.0) + 0.01 * max(loose, default=0.0)
 
 
+
+def epoch_report(
+    epoch: int, losses: list[float], sets: list[JudgeSet], scores: list[np.ndarray],
+    floors: Mapping[str, float], timing: str,
+) -> tuple[float, str]:
+    """An epoch's selection quality summed over the languages (what picks the epoch), and its
+    log line, printed."""
+    quality = {
+        s.lang: select_quality(curve(s, sc, floors[s.lang], SWAPS[s.lang]))
+        + 0.001 * average_precision(s, sc, floors[s.lang])
+        for s, sc in zip(sets, scores, strict=True)
+    }
+    line = (
+        f"epoch {epoch + 1}: loss {np.mean(losses):.4f}, select quality: "
+        + ", ".join(f"{k} {v:.5f}" for k, v in quality.items())
+        + f" ({timing})"
+    )
+    print(line, file=sys.stderr, flush=True)
+    return sum(quality.values()), line
+
 def average_precision(s: JudgeSet, sc: np.ndarray, floor: float) -> float:
     """Average precision of the judge's ranking of the selection part's candidates (past the
     floor and the guards), against all of its duplicates: the tie-break while no point
@@ -177,18 +197,7 @@ def train(
             params, state, val = step(params, state, a, ma, b, mb, z, gold[pick])
             losses.append(float(val))
         scores = score_all(params, sets, mean, scale)
-        rec = {
-            s.lang: select_quality(curve(s, sc, floors[s.lang], SWAPS[s.lang]))
-            + 0.001 * average_precision(s, sc, floors[s.lang])
-            for s, sc in zip(sets, scores, strict=True)
-        }
-        total = sum(rec.values())
-        line = (
-            f"epoch {epoch + 1}: loss {np.mean(losses):.4f}, select quality: "
-            + ", ".join(f"{k} {v:.5f}" for k, v in rec.items())
-            + f" ({time.perf_counter() - t0:.0f}s)"
-        )
-        print(line, file=sys.stderr, flush=True)
+        total, line = epoch_report(epoch, losses, sets, scores, floors, f"{time.perf_counter() - t0:.0f}s")
         log.append(line)
         if total > best[0]:
             best = (total, jax.tree_util.tree_map(np.asarray, params))

@@ -108,8 +108,7 @@ class SelfCheck:
         live = await self.guard.run(read, None, "selfcheck_read", self.budget_s)
         v: Verdict = "learn"  # counts that cannot be read never serve, whatever the prior
         if live is not None:
-            self._observe(tenant, lang, name, live + start, target)
-            v = verdict(live + start, target, self.config.min_checks)
+            v = self._observe(tenant, lang, name, live + start, target)
         c = self.config
         act = action(v, share_of(live or Counts(), start, c.share, c.warm_share, c.min_checks), self.draw())
         self.metrics.selfcheck_candidates.labels(lang, name, act).inc()
@@ -149,10 +148,12 @@ class SelfCheck:
             return None
         return float(np.dot(a, b) / max(float(np.linalg.norm(a) * np.linalg.norm(b)), 1e-9))
 
-    def _observe(self, tenant: str, lang: str, name: str, counts: Counts, target: float) -> None:
-        serving = verdict(counts, target, self.config.min_checks) == "serve"
+    def _observe(self, tenant: str, lang: str, name: str, counts: Counts, target: float) -> Verdict:
+        """The bin's verdict on `counts`, published as its gauges."""
+        v = verdict(counts, target, self.config.min_checks)
         self.metrics.selfcheck_lower.labels(tenant, lang, name).set(counts.lower)
-        self.metrics.selfcheck_serving.labels(tenant, lang, name).set(1.0 if serving else 0.0)
+        self.metrics.selfcheck_serving.labels(tenant, lang, name).set(1.0 if v == "serve" else 0.0)
+        return v
 
 
 def make_bins(redis: Any, prefix: str) -> BinStore:
