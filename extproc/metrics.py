@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import threading
+from bisect import bisect_left
+from collections.abc import Iterator, Sequence
 from typing import Any, Self
 
 import prometheus_client
 from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client.core import HistogramMetricFamily
 from prometheus_client.metrics import MetricWrapperBase
 
 
@@ -33,8 +37,81 @@ class Gauge(_Children, prometheus_client.Gauge):
     pass
 
 
-class Histogram(_Children, prometheus_client.Histogram):
-    pass
+class _Bins:
+    """One labelled series of a `Histogram`: its bucket counts and sum, under a plain lock."""
+
+    __slots__ = ("_bounds", "_counts", "_lock", "_sum")
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self._bounds = bounds
+        self._counts = [0] * (len(bounds) + 1)  # the last: above every bound (+Inf)
+        self._sum = 0.0
+        self._lock = threading.Lock()
+
+    def observe(self, amount: float) -> None:
+        with self._lock:
+            self._counts[bisect_left(self._bounds, amount)] += 1
+            self._sum += amount
+
+    def read(self) -> tuple[list[tuple[str, float]], float]:
+        with self._lock:
+            counts, total = list(self._counts), self._sum
+        cumulative, buckets = 0, []
+        for bound, n in zip((*self._bounds, float("inf")), counts, strict=True):
+            cumulative += n
+            buckets.append(("+Inf" if bound == float("inf") else repr(bound), float(cumulative)))
+        return buckets, total
+
+
+class Histogram:
+    """A Prometheus histogram whose `observe` costs a bisect and two additions: the gate
+    observes about a dozen per request, and prometheus-client's own took 1.4-1.9 µs each
+    (its layered checks and two locks), a tenth of a cache hit's Python. Scrapes show the same
+    `_bucket`, `_count` and `_sum` series."""
+
+    def __init__(
+        self,
+        name: str,
+        documentation: str,
+        labelnames: Sequence[str] = (),
+        buckets: Sequence[float] = prometheus_client.Histogram.DEFAULT_BUCKETS,
+        registry: CollectorRegistry | None = None,
+    ) -> None:
+        self._name, self._doc, self._labelnames = name, documentation, tuple(labelnames)
+        self._bounds = tuple(sorted(float(b) for b in buckets if b != float("inf")))
+        self._series: dict[tuple[Any, ...], _Bins] = {}  # as callers pass the label values
+        self._named: dict[tuple[str, ...], _Bins] = {}  # as scrapes show them
+        self._lock = threading.Lock()
+        if not self._labelnames:
+            self._series[()] = self._named[()] = _Bins(self._bounds)
+        if registry is not None:
+            registry.register(self)
+
+    def labels(self, *values: Any) -> _Bins:
+        series = self._series.get(values)
+        return series if series is not None else self._add(values)
+
+    def _add(self, values: tuple[Any, ...]) -> _Bins:
+        key = tuple(str(v) for v in values)
+        if len(key) != len(self._labelnames):
+            raise ValueError(f"{self._name}: expected labels {self._labelnames}, got {key}")
+        with self._lock:
+            series = self._named.setdefault(key, _Bins(self._bounds))
+            self._series[values] = series
+        return series
+
+    def observe(self, amount: float) -> None:
+        self._series[()].observe(amount)
+
+    def describe(self) -> Iterator[HistogramMetricFamily]:
+        yield HistogramMetricFamily(self._name, self._doc, labels=self._labelnames)
+
+    def collect(self) -> Iterator[HistogramMetricFamily]:
+        family = HistogramMetricFamily(self._name, self._doc, labels=self._labelnames)
+        for key, series in list(self._named.items()):
+            buckets, total = series.read()
+            family.add_metric(list(key), buckets, total)
+        yield family
 
 
 BREAKER_STATES = ("closed", "half_open", "open")  # as gate_breaker_state encodes them: 0, 1, 2
