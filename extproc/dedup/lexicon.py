@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import re
+from functools import lru_cache
 
 CONTRACTIONS: dict[str, str] = {
     "can't": "can not",
@@ -271,16 +272,43 @@ def zh_synonyms(text: str) -> str:
     return _ZH_SYN.sub(lambda m: SYNONYMS[m.group()], text)
 
 
-def _has(text: str, word: str) -> bool:
-    if word.isascii():
-        return re.search(rf"\b{re.escape(word)}\b", text) is not None
-    return word in text
+# Each opposite, as it is looked for: an English word or phrase whole, between word boundaries
+# (each run of word characters in it is then a whole word of the text: the words a text holds
+# find the few phrases worth a search), a Chinese one as a substring.
+_WORDS = re.compile(r"\w+")
+_TERMS = tuple(dict.fromkeys(w for pair in ANTONYMS for w in pair))
+_EN_BY_FIRST_WORD: dict[str, list[tuple[str, tuple[str, ...], re.Pattern[str]]]] = {}
+for _term in (w for w in _TERMS if w.isascii()):
+    _runs = tuple(_WORDS.findall(_term))
+    _EN_BY_FIRST_WORD.setdefault(_runs[0], []).append(
+        (_term, _runs[1:], re.compile(rf"\b{re.escape(_term)}\b"))
+    )
+_ZH_TERMS = tuple(w for w in _TERMS if not w.isascii())
+
+
+@lru_cache(maxsize=4096)
+def _opposites_in(text: str) -> frozenset[str]:
+    """The opposites `text` holds. A text meets many others (a query its candidates, a stored
+    prompt every query near it): each is read once, not once per pair and per opposite."""
+    words = set(_WORDS.findall(text))
+    found = {
+        term
+        for word in words
+        for term, rest, pattern in _EN_BY_FIRST_WORD.get(word, ())
+        if all(r in words for r in rest) and pattern.search(text)
+    }
+    if not text.isascii():
+        found.update(w for w in _ZH_TERMS if w in text)
+    return frozenset(found)
 
 
 def antonym_flip(a: str, b: str) -> tuple[str, str] | None:
     """An opposite pair with one side only in ``a`` and the other only in ``b`` (texts canonical)."""
+    in_a, in_b = _opposites_in(a), _opposites_in(b)
+    if not in_a or not in_b:
+        return None
     for x, y in ANTONYMS:
         for p, q in ((x, y), (y, x)):
-            if _has(a, p) and not _has(b, p) and _has(b, q) and not _has(a, q):
+            if p in in_a and p not in in_b and q in in_b and q not in in_a:
                 return (p, q)
     return None
