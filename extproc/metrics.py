@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 from bisect import bisect_left
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any, Self
 
 import prometheus_client
@@ -103,15 +103,15 @@ class Histogram:
     def observe(self, amount: float) -> None:
         self._series[()].observe(amount)
 
-    def describe(self) -> Iterator[HistogramMetricFamily]:
-        yield HistogramMetricFamily(self._name, self._doc, labels=self._labelnames)
+    def describe(self) -> list[HistogramMetricFamily]:
+        return [HistogramMetricFamily(self._name, self._doc, labels=self._labelnames)]
 
-    def collect(self) -> Iterator[HistogramMetricFamily]:
+    def collect(self) -> list[HistogramMetricFamily]:
         family = HistogramMetricFamily(self._name, self._doc, labels=self._labelnames)
         for key, series in list(self._named.items()):
             buckets, total = series.read()
             family.add_metric(list(key), buckets, total)
-        yield family
+        return [family]
 
 
 BREAKER_STATES = ("closed", "half_open", "open")  # as gate_breaker_state encodes them: 0, 1, 2

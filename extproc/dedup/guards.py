@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from difflib import SequenceMatcher
+from functools import lru_cache
 
 from .canonical import canonical
 from .lexicon import AUXILIARIES, SYNONYMS, antonym_flip, expand_contractions, zh_synonyms
@@ -290,11 +291,12 @@ _NUMERIC = re.compile(r"\d+|[零〇一二两三四五六七八九十百千万亿
 _TOKEN = re.compile(r"[a-z0-9]+(?:'[a-z]+)?|[\u3040-\u30ff\u3400-\u9fff\uf900-\ufaff\uac00-\ud7af]")
 
 
-def tokens(text: str) -> list[str]:
+@lru_cache(maxsize=4096)  # a query meets each of its candidates, a stored prompt many queries
+def tokens(text: str) -> tuple[str, ...]:
     """Words (crudely stemmed: plays/played/playing -> play) for alphabetic text, single
     characters for CJK (the unit a swap happens in)."""
     text = zh_synonyms(expand_contractions(canonical(text)))
-    return [SYNONYMS.get(w, w) if w.isascii() else w for w in (_stem(t) for t in _TOKEN.findall(text))]
+    return tuple(SYNONYMS.get(w, w) if w.isascii() else w for w in (_stem(t) for t in _TOKEN.findall(text)))
 
 
 def _stem(word: str) -> str:
@@ -306,7 +308,7 @@ def _stem(word: str) -> str:
     return word
 
 
-def _content(seg: list[str]) -> list[str]:
+def _content(seg: Sequence[str]) -> list[str]:
     """Tokens that carry content; numbers are left to the number guard."""
     return [t for t in seg if t not in _EN_FUNCTION and t not in _ZH_FUNCTION and not _NUMERIC.fullmatch(t)]
 
@@ -365,8 +367,13 @@ def _entities(a: str, b: str) -> bool:
     return _missing(entities(a), b) or _missing(entities(b), a)
 
 
+@lru_cache(maxsize=4096)
+def _spelt_out(text: str) -> str:
+    return expand_contractions(canonical(text))
+
+
 def _antonyms(a: str, b: str) -> bool:
-    return antonym_flip(expand_contractions(canonical(a)), expand_contractions(canonical(b))) is not None
+    return antonym_flip(_spelt_out(a), _spelt_out(b)) is not None
 
 
 _EN_DIRECTION = re.compile(
