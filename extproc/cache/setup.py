@@ -95,7 +95,7 @@ def load_matcher(cfg: SemanticConfig, metrics: Metrics, processes: int = 1) -> M
     if floor(policy) is None:
         log.info("semantic cache off: %s reaches the precision target in no language", cfg.embedder)
         return None
-    from ..embed import BatchingEmbedder, BatchReport, default_model_dir, load_embedder
+    from ..embed import BatchingEmbedder, BatchReport, default_model_dir, shared_embedder
     from ..embed.batching import default_threads, default_workers
 
     model_dir = cfg.model_dir or default_model_dir()
@@ -103,7 +103,7 @@ def load_matcher(cfg: SemanticConfig, metrics: Metrics, processes: int = 1) -> M
     try:
         workers = cfg.embed_workers or default_workers()
         threads = cfg.embed_threads or default_threads(processes=processes, workers=workers)
-        inner = load_embedder(cfg.embedder, model_dir, threads=threads)
+        inner = shared_embedder(cfg.embedder, model_dir, threads=threads)
         inner.embed_sync(list(WARMUP))
     except Exception as exc:
         raise ModelError(f"cannot load the '{cfg.embedder}' embedder from {model_dir}: {exc}") from exc

@@ -2,7 +2,7 @@
 
 from .batching import BatchingEmbedder, BatchReport, BatchStats, EmbedShedError
 from .encoder import Embedder, OnnxEmbedder, ReadPolicy
-from .loader import load_embedder
+from .loader import load_embedder, shared_embedder
 from .paths import default_model_dir
 
 __all__ = [
@@ -15,4 +15,5 @@ __all__ = [
     "ReadPolicy",
     "default_model_dir",
     "load_embedder",
+    "shared_embedder",
 ]

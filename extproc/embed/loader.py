@@ -15,6 +15,8 @@ from .paths import default_model_dir
 from .tokenize import E5Pieces, HFTokenizer
 
 NAMES = ("minilm", "e5-small", "onnx")
+SHARED_MAX = 4  # models kept for reuse (the cache's, the screen's, a profile's)
+_shared: dict[tuple[object, ...], OnnxEmbedder] = {}
 
 
 def _model_path(name: str, model_dir: Path) -> Path:
@@ -96,3 +98,25 @@ def _load_generic(root: Path, threads: int, max_batch: int, opts: dict[str, Any]
         threads=threads,
         max_batch=max_batch,
     )
+
+
+def shared_embedder(name: str, model_dir: Path | None = None, **opts: Any) -> OnnxEmbedder:
+    """`load_embedder`, loaded once per process for the same files and options. A config
+    reload builds its pipeline beside the running one: loading a model again held the event
+    loop for up to 0.2 s at a time (the tokenizer's load keeps the GIL), in every process at
+    once. An ONNX Runtime session and the tokenizers are safe to share between threads."""
+    root = model_dir or default_model_dir()
+    if name == "onnx":
+        files = [Path(opts.get("model_file", root / "model.onnx")),
+                 Path(opts.get("tokenizer_file", root / "tokenizer.json"))]
+    else:
+        files = sorted(p for p in _model_path(name, root).iterdir() if p.is_file())
+    stamp = tuple((str(f), f.stat().st_mtime_ns, f.stat().st_size) for f in files)
+    key = (name, str(root), repr(sorted(opts.items())), stamp)
+    embedder = _shared.get(key)
+    if embedder is None:
+        embedder = load_embedder(name, model_dir, **opts)
+        if len(_shared) >= SHARED_MAX:
+            _shared.pop(next(iter(_shared)))
+        _shared[key] = embedder
+    return embedder

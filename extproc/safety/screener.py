@@ -15,7 +15,7 @@ import numpy as np
 
 from ..cache.setup import ensure_model
 from ..config import Screen as ScreenConfig
-from ..embed import BatchingEmbedder, default_model_dir, load_embedder
+from ..embed import BatchingEmbedder, default_model_dir, shared_embedder
 from .screen import EMBEDDER, HEAD_FILE, MAX_TOKENS, Head, load_head
 
 
@@ -40,7 +40,7 @@ class Screener:
     def build(cls, config: ScreenConfig, workers: int = 1) -> Screener:
         model_dir = config.model_dir or default_model_dir()
         ensure_model(EMBEDDER, model_dir, build_missing=True)
-        inner = load_embedder(EMBEDDER, model_dir, max_tokens=MAX_TOKENS)
+        inner = shared_embedder(EMBEDDER, model_dir, max_tokens=MAX_TOKENS)
         embedder = BatchingEmbedder(inner, workers=workers, timeout_s=config.embed_timeout_ms / 1000)
         return cls(config, embedder, load_head(config.head_file or HEAD_FILE))
 
