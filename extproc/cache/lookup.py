@@ -69,9 +69,12 @@ class Finder:
             return
         item = Pending(f.q.scope, f.key, f.q.text, f.vector.astype("float32").tobytes(), f.bands,
                        int(c.coalesce.max_wait_s * 1000))
-        self.b.tasks.spawn(
-            self.b.guard.run(self.b.store.pend(item), None, "cache_pend", self.b.op_timeout_s), "cache_pend"
-        )
+        self.b.tasks.spawn(self._pend(item), "cache_pend")
+
+    async def _pend(self, item: Pending) -> None:
+        # The store's call is made here, not before the task starts: a task cancelled before
+        # its first step (at shutdown) would leave that coroutine never awaited.
+        await self.b.guard.run(self.b.store.pend(item), None, "cache_pend", self.b.op_timeout_s)
 
     # ---------------------------------------------------------------- exact
 
