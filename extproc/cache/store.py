@@ -116,11 +116,21 @@ class Store(Protocol):
 
 
 @dataclass
+class _Band:
+    """One LSH bucket: its keys with their expiry, and (expiry, key) soonest first, the order
+    in which the expired and those beyond the cap go (a pair whose key has since left or come
+    back with another expiry no longer matches `members` and is skipped)."""
+
+    members: dict[str, float] = field(default_factory=dict)
+    by_expiry: list[tuple[float, str]] = field(default_factory=list)
+
+
+@dataclass
 class _Scope:
     expiry: dict[str, float] = field(default_factory=dict)  # key -> expiry
     vectors: dict[str, bytes] = field(default_factory=dict)
     sigs: dict[str, tuple[str, ...]] = field(default_factory=dict)
-    bands: dict[str, dict[str, float]] = field(default_factory=dict)  # band -> key -> expiry
+    bands: dict[str, _Band] = field(default_factory=dict)
     texts: dict[str, str] = field(default_factory=dict)  # announced keys in flight -> question
     # (expiry, key), soonest first, as Redis's sorted set ranks them: the expired and the
     # oldest are found without a scan of the scope. A pair whose key has since been dropped or
@@ -169,7 +179,9 @@ class MemoryStore:
             return []
         now, out, votes = self.clock(), [], Counter[str]()
         for band in bands:
-            votes.update(s.bands.get(band, {}).keys())
+            found = s.bands.get(band)
+            if found is not None:
+                votes.update(found.members.keys())
         # Most shared bands first, then by key: two stable sorts in C, no key function per member.
         ranked = sorted(votes.items())
         ranked.sort(key=itemgetter(1), reverse=True)
@@ -241,14 +253,21 @@ class MemoryStore:
 
     @staticmethod
     def _into_band(s: _Scope, band: str, key: str, expiry: float, cap: int, now: float) -> None:
-        """As the Redis script: add, forget the expired, then keep the `cap` that expire last."""
-        members = s.bands.setdefault(band, {})
-        members[key] = expiry
-        for old in [k for k, exp in members.items() if exp <= now]:
-            del members[old]
-        if len(members) > cap:
-            for old in sorted(members, key=lambda k: (members[k], k))[: len(members) - cap]:
-                del members[old]
+        """As the Redis script: add, forget the expired, then keep the `cap` that expire last
+        (the expired expire first: one walk from the soonest end does both)."""
+        b = s.bands.setdefault(band, _Band())
+        b.members[key] = expiry
+        heapq.heappush(b.by_expiry, (expiry, key))
+        while b.by_expiry:
+            exp, old = b.by_expiry[0]
+            if b.members.get(old) == exp and exp > now and len(b.members) <= cap:
+                break
+            heapq.heappop(b.by_expiry)
+            if b.members.get(old) == exp:
+                del b.members[old]
+        if len(b.by_expiry) > 2 * len(b.members) + 64:  # mostly stale pairs: rebuild
+            b.by_expiry = [(exp, k) for k, exp in b.members.items()]
+            heapq.heapify(b.by_expiry)
 
     def _drop(self, scope: str, s: _Scope, key: str) -> None:
         self.entries.pop((scope, key), None)
@@ -256,10 +275,10 @@ class MemoryStore:
         s.texts.pop(key, None)
         s.vectors.pop(key, None)
         for band in s.sigs.pop(key, ()):
-            members = s.bands.get(band)
-            if members is not None:
-                members.pop(key, None)
-                if not members:
+            found = s.bands.get(band)
+            if found is not None:
+                found.members.pop(key, None)
+                if not found.members:
                     del s.bands[band]
 
     async def release(self, scope: str, key: str, token: str) -> bool:
