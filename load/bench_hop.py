@@ -7,6 +7,7 @@ ratios depend on, so a change can be measured in seconds even on a busy machine;
 to the no-op ext_proc still come from `bench_gate`.
 
     python -m load.bench_hop [--requests 400] [--repeat 12]   (writes load/results/bench_hop.md)
+    python -m load.bench_hop --semantic minilm [--requests 400]   (a semantic miss's time, by part)
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from extproc.config import Config
 from extproc.metrics import Metrics
 from extproc.server import Session
 
-from .bench_gate import ANSWER, ONLY_VALIDATE_AND_ROUTE, SEMANTIC_OFF
+from .bench_gate import ANSWER, ONLY_VALIDATE_AND_ROUTE, SEMANTIC_OFF, semantic
 
 RESULTS = Path(__file__).parent / "results" / "bench_hop.md"
 
@@ -118,6 +119,30 @@ VARIANTS: list[tuple[str, dict[str, Any], Callable[[int], str]]] = [
 ]
 
 
+async def semantic_breakdown(embedder: str, requests: int) -> str:
+    """Where a semantic miss's own time goes, one request at a time, from the gate's metrics:
+    the text's wait for the embedding thread, the model run, the rest of the cache stage (the
+    lookup beyond the embedding, the hand-back) and everything else (other stages, capture)."""
+    metrics = Metrics()
+    pipeline = build_pipeline(Config.model_validate(semantic(embedder)), metrics)
+    await pipeline.start()
+    series = (metrics.own_latency.labels(), metrics.stage_seconds.labels("cache", "request"),
+              metrics.embed_queue_seconds.labels(), metrics.embed_seconds.labels())
+    try:
+        for i in range(200):
+            await one_request(Session(pipeline), body_message("request_body", chat(f"question {i} of 7")))
+        before = [s.read()[1] for s in series]
+        for i in range(requests):
+            await one_request(Session(pipeline), body_message("request_body", chat(f"question {i} of 9")))
+        spent = [(s.read()[1] - b) / requests * 1e3 for s, b in zip(series, before, strict=True)]
+        own, cache, queued, model = spent
+    finally:
+        await pipeline.aclose()
+    return (f"{embedder}: own {own:.2f} ms = model {model:.2f} + wait for the embedding thread "
+            f"{queued:.2f} + rest of the cache stage {cache - model - queued:.2f} + other stages and "
+            f"capture {own - cache:.2f}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -126,6 +151,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=12)
     parser.add_argument("--only", default="", help="run only variants whose name contains this")
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--semantic", metavar="EMBEDDER",
+                        help="instead: where a semantic miss's own time goes (minilm or e5-small)")
     args = parser.parse_args(argv)
     # The access log on, as in production, written where bench_gate writes it (a file).
     logging.basicConfig(
@@ -133,6 +160,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     import uvloop
 
+    if args.semantic:
+        print(uvloop.run(semantic_breakdown(args.semantic, args.requests)))
+        return 0
     rows = []
     for name, config, questions in VARIANTS:
         if args.only in name:
