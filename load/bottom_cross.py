@@ -32,7 +32,7 @@ import numpy as np
 from extproc.dedup.calibrate import SWAPS, cache_dir, default_data_dir
 from extproc.dedup.judge import JUDGE_EMBEDDER, MAX_TOKENS
 
-from .cross_judge import DIM, Params, bert_layer, dense, layer_norm, shipped_scores, summary
+from .cross_judge import DIM, Params, bert_layer, dense, jit_step, layer_norm, shipped_scores, summary
 from .judge_data import JudgeSet, judge_pairs, prepare_set, soft_targets
 from .train_judge import FLOOR_QUANTILE, average_precision, curve, epoch_report
 
@@ -185,16 +185,7 @@ def train(
     )
     state = opt.init(params)
 
-    def loss(p: Params, arrays: tuple[Any, ...], y: Any, w: Any) -> Any:
-        return (optax.sigmoid_binary_cross_entropy(forward(p, *arrays), y) * w).sum() / jnp.maximum(
-            w.sum(), 1.0
-        )
-
-    @jax.jit
-    def step(p: Params, st: Any, arrays: tuple[Any, ...], y: Any, w: Any):  # type: ignore[no-untyped-def]
-        val, g = jax.value_and_grad(loss)(p, arrays, y, w)
-        upd, st = opt.update(g, st, p)
-        return optax.apply_updates(p, upd), st, val
+    step = jit_step(forward, opt)
 
     best: tuple[float, Params] = (-1.0, params)
     log: list[str] = []

@@ -257,6 +257,26 @@ def score_sets(
     return out
 
 
+def jit_step(net: Any, opt: Any) -> Any:
+    """One jitted optimiser step on the pair loss: `net(params, *arrays)` gives each row's
+    logit; rows of weight 0 (the batch's padding) do not count."""
+    import jax
+    import jax.numpy as jnp
+    import optax  # type: ignore[import-untyped]
+
+    def loss(p: Params, arrays: tuple[Any, ...], y: Any, w: Any) -> Any:
+        logit = net(p, *arrays)
+        return (optax.sigmoid_binary_cross_entropy(logit, y) * w).sum() / jnp.maximum(w.sum(), 1.0)
+
+    @jax.jit
+    def step(p: Params, st: Any, arrays: tuple[Any, ...], y: Any, w: Any):  # type: ignore[no-untyped-def]
+        val, g = jax.value_and_grad(loss)(p, arrays, y, w)
+        upd, st = opt.update(g, st, p)
+        return optax.apply_updates(p, upd), st, val
+
+    return step
+
+
 def train(
     sets: list[JudgeSet],
     lower: LowerStates,
@@ -271,7 +291,7 @@ def train(
 ) -> tuple[Params, np.ndarray, np.ndarray, list[str]]:
     import jax
     import jax.numpy as jnp
-    import optax  # type: ignore[import-untyped]
+    import optax
 
     rng = np.random.default_rng(seed)
     fit_rows = [
@@ -303,15 +323,7 @@ def train(
     )
     state = opt.init(params)
 
-    def loss(p: Params, arrays: tuple[Any, ...], y: Any, w: Any) -> Any:
-        logit = forward(p, *arrays)
-        return (optax.sigmoid_binary_cross_entropy(logit, y) * w).sum() / jnp.maximum(w.sum(), 1.0)
-
-    @jax.jit
-    def step(p: Params, st: Any, arrays: tuple[Any, ...], y: Any, w: Any):  # type: ignore[no-untyped-def]
-        val, g = jax.value_and_grad(loss)(p, arrays, y, w)
-        upd, st = opt.update(g, st, p)
-        return optax.apply_updates(p, upd), st, val
+    step = jit_step(forward, opt)
 
     best: tuple[float, Params] = (-1.0, params)
     log: list[str] = []
