@@ -210,8 +210,10 @@ class MemoryStore:
             self._index(s, item.key, item.vector, item.bands, item.band_cap, now)
         if item.token is not None:
             await self.release(item.scope, item.key, item.token)
-        while s.by_expiry and s.by_expiry[0][0] <= now:
-            self._drop_first(item.scope, s)
+        while s.by_expiry and s.by_expiry[0][0] <= now:  # the expired (a stale pair only leaves)
+            exp, key = heapq.heappop(s.by_expiry)
+            if s.expiry.get(key) == exp:
+                self._drop(item.scope, s, key)
         while len(s.expiry) > item.max_entries and s.by_expiry:
             self._drop_first(item.scope, s)
         if len(s.by_expiry) > 2 * len(s.expiry) + 64:  # mostly stale pairs: rebuild
