@@ -115,6 +115,15 @@ class Store(Protocol):
     async def aclose(self) -> None: ...
 
 
+def _compacted(pairs: list[tuple[float, str]], live: dict[str, float]) -> list[tuple[float, str]]:
+    """An (expiry, key) heap rebuilt from the live keys once it is mostly stale pairs."""
+    if len(pairs) <= 2 * len(live) + 64:
+        return pairs
+    fresh = [(exp, k) for k, exp in live.items()]
+    heapq.heapify(fresh)
+    return fresh
+
+
 @dataclass
 class _Band:
     """One LSH bucket: its keys with their expiry, and (expiry, key) soonest first, the order
@@ -216,9 +225,7 @@ class MemoryStore:
                 self._drop(item.scope, s, key)
         while len(s.expiry) > item.max_entries and s.by_expiry:
             self._drop_first(item.scope, s)
-        if len(s.by_expiry) > 2 * len(s.expiry) + 64:  # mostly stale pairs: rebuild
-            s.by_expiry = [(exp, k) for k, exp in s.expiry.items()]
-            heapq.heapify(s.by_expiry)
+        s.by_expiry = _compacted(s.by_expiry, s.expiry)
 
     def _drop_first(self, scope: str, s: _Scope) -> None:
         """Drop the entry that expires first (stale pairs on the way are discarded)."""
@@ -267,9 +274,7 @@ class MemoryStore:
             heapq.heappop(b.by_expiry)
             if b.members.get(old) == exp:
                 del b.members[old]
-        if len(b.by_expiry) > 2 * len(b.members) + 64:  # mostly stale pairs: rebuild
-            b.by_expiry = [(exp, k) for k, exp in b.members.items()]
-            heapq.heapify(b.by_expiry)
+        b.by_expiry = _compacted(b.by_expiry, b.members)
 
     def _drop(self, scope: str, s: _Scope, key: str) -> None:
         self.entries.pop((scope, key), None)

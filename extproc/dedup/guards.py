@@ -291,11 +291,17 @@ _NUMERIC = re.compile(r"\d+|[零〇一二两三四五六七八九十百千万亿
 _TOKEN = re.compile(r"[a-z0-9]+(?:'[a-z]+)?|[\u3040-\u30ff\u3400-\u9fff\uf900-\ufaff\uac00-\ud7af]")
 
 
+@lru_cache(maxsize=4096)
+def _spelt_out(text: str) -> str:
+    """Canonical, contractions spelt out: the form the token and antonym readings start from."""
+    return expand_contractions(canonical(text))
+
+
 @lru_cache(maxsize=4096)  # a query meets each of its candidates, a stored prompt many queries
 def tokens(text: str) -> tuple[str, ...]:
     """Words (crudely stemmed: plays/played/playing -> play) for alphabetic text, single
     characters for CJK (the unit a swap happens in)."""
-    text = zh_synonyms(expand_contractions(canonical(text)))
+    text = zh_synonyms(_spelt_out(text))
     return tuple(SYNONYMS.get(w, w) if w.isascii() else w for w in (_stem(t) for t in _TOKEN.findall(text)))
 
 
@@ -365,11 +371,6 @@ def _ids(a: str, b: str) -> bool:
 
 def _entities(a: str, b: str) -> bool:
     return _missing(entities(a), b) or _missing(entities(b), a)
-
-
-@lru_cache(maxsize=4096)
-def _spelt_out(text: str) -> str:
-    return expand_contractions(canonical(text))
 
 
 def _antonyms(a: str, b: str) -> bool:

@@ -277,12 +277,18 @@ def zh_synonyms(text: str) -> str:
 # find the few phrases worth a search), a Chinese one as a substring.
 _WORDS = re.compile(r"\w+")
 _TERMS = tuple(dict.fromkeys(w for pair in ANTONYMS for w in pair))
-_EN_BY_FIRST_WORD: dict[str, list[tuple[str, tuple[str, ...], re.Pattern[str]]]] = {}
-for _term in (w for w in _TERMS if w.isascii()):
-    _runs = tuple(_WORDS.findall(_term))
-    _EN_BY_FIRST_WORD.setdefault(_runs[0], []).append(
-        (_term, _runs[1:], re.compile(rf"\b{re.escape(_term)}\b"))
-    )
+
+
+def _by_first_word() -> dict[str, list[tuple[str, tuple[str, ...], re.Pattern[str]]]]:
+    """English opposites by their first word: (the term, its other words, its pattern)."""
+    index: dict[str, list[tuple[str, tuple[str, ...], re.Pattern[str]]]] = {}
+    for term in (w for w in _TERMS if w.isascii()):
+        first, *rest = _WORDS.findall(term)
+        index.setdefault(first, []).append((term, tuple(rest), re.compile(rf"\b{re.escape(term)}\b")))
+    return index
+
+
+_EN_BY_FIRST_WORD = _by_first_word()
 _ZH_TERMS = tuple(w for w in _TERMS if not w.isascii())
 
 
