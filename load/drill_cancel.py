@@ -1,12 +1,13 @@
 """`python -m load.drill_cancel`: requests cancelled at random points leave nothing behind.
 
 Through real Envoy, 2 gate workers and Redis: many requests for a few hot questions, each
-abandoned by its client after a random time (so Envoy resets its stream, and the gate's
-request is cancelled wherever it is: in a store lookup, following a leader, leading, queued,
-streaming). The model is slower than every client's patience, so no answer lands and every
-question stays contested. Then each question is asked again by patient clients, several times
-(every worker gets it): each must be answered within `--max-s` (a question wedged in a worker
-waits out its follower time-out: 10.08 s here before the fix), and no lease may be left in Redis.
+abandoned by its client after a random time (so Envoy resets its stream, and the gate's request
+is cancelled wherever it is: in a store lookup, following a leader, leading, queued, streaming).
+The model is far slower than every client's patience (3 s against at most 0.4 s, so a close
+noticed late still lands no answer), so every question stays contested. Then each question is
+asked again by patient clients, several times (every worker gets it): each must be answered
+within `--max-s` (a question wedged in a worker waits out its follower time-out: 10.08 s here
+before the fix), and no lease may be left in Redis.
 Writes load/results/drill_cancel.md.
 """
 
@@ -25,6 +26,7 @@ import redis
 from .stack import Stack
 
 HEADERS = {"authorization": "Bearer sk-drill", "content-type": "application/json"}
+MODEL_MS = 3000  # the model's time while clients give up; handler cancellation ends it early
 
 
 def ask(question: str) -> dict[str, object]:
@@ -35,6 +37,8 @@ def ask(question: str) -> dict[str, object]:
 class Result:
     cancelled: int = 0
     answered_early: int = 0
+    # How each early answer came (cache header, simulator, seconds): the drill's premise failed.
+    early: list[tuple[str, str, float]] = field(default_factory=list)
     later_s: list[float] = field(default_factory=list)
     later_status: list[int] = field(default_factory=list)
     leases_left: int = 0
@@ -52,6 +56,8 @@ async def _impatient(client: httpx.AsyncClient, question: str, patience_s: float
     try:
         r = await client.post("/v1/chat/completions", json=ask(question), timeout=patience_s)
         result.answered_early += r.status_code == 200
+        how = (r.headers.get("x-gate-cache", ""), r.headers.get("x-sim-name", ""), r.elapsed.total_seconds())
+        result.early.append(how)
     except httpx.TimeoutException:
         result.cancelled += 1
 
@@ -64,7 +70,8 @@ async def drill(stack: Stack, requests: int, questions: int, concurrency: int, s
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=0)
     async with httpx.AsyncClient(base_url=stack.url, headers=HEADERS, limits=limits) as client:
         for sim in sims:  # slower than any client's patience: nothing completes
-            await client.post(sim + "/admin/faults", json={"extra_latency_ms": 600})
+            r = await client.post(sim + "/admin/faults", json={"extra_latency_ms": MODEL_MS})
+            assert r.json()["extra_latency_ms"] == MODEL_MS, r.text
         left = iter(range(requests))
 
         async def worker() -> None:  # `concurrency` clients, each taking the next request
@@ -73,7 +80,7 @@ async def drill(stack: Stack, requests: int, questions: int, concurrency: int, s
 
         await asyncio.gather(*(worker() for _ in range(concurrency)))
         for sim in sims:
-            await client.post(sim + "/admin/faults", json={"extra_latency_ms": 0})
+            (await client.post(sim + "/admin/faults", json={"extra_latency_ms": 0})).raise_for_status()
         await asyncio.sleep(0.5)  # cancelled upstream calls finish unwinding
         for question in hot:
             for _ in range(2 * len(stack.gate_ports) + 2):
@@ -93,7 +100,8 @@ def report(result: Result, requests: int, questions: int, max_s: float) -> str:
             "# Cancellation drill",
             "",
             f"`python -m load.drill_cancel --requests {requests} --questions {questions}`: 2 gate workers,"
-            " Redis, real Envoy; every client gives up after a random 1-400 ms while the model takes 600 ms.",
+            " Redis, real Envoy; every client gives up after a random 1-400 ms while the model takes"
+            f" {MODEL_MS} ms.",
             "",
             "| requests | cancelled by their client | then asked again | slowest later answer"
             " | leases left | result |",
