@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import math
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -66,10 +67,16 @@ class Lsh:
             tag += f".c{center_digest(center)}"
         return cls(planes, rows, bands, center, tag)
 
+    @cached_property
+    def _prefixes(self) -> list[str]:
+        return [f"{self.tag}:{band}:" for band in range(self.bands)]
+
+    @cached_property
+    def _weights(self) -> np.ndarray:
+        return 1 << np.arange(self.rows, dtype=np.int64)  # rows <= 63: a code fits in an int64
+
     def band_keys(self, vector: np.ndarray) -> list[str]:
         """One bucket name per band: `<tag>:<band>:<bits as hex>`."""
         v = vector if self.center is None else vector - self.center
-        bits = (self.planes @ v) > 0
-        weights = 1 << np.arange(self.rows, dtype=np.uint64)
-        codes = (bits.reshape(self.bands, self.rows).astype(np.uint64) * weights).sum(axis=1)
-        return [f"{self.tag}:{band}:{int(code):x}" for band, code in enumerate(codes)]
+        codes = ((self.planes @ v) > 0).reshape(self.bands, self.rows) @ self._weights
+        return [f"{prefix}{code:x}" for prefix, code in zip(self._prefixes, codes.tolist(), strict=True)]

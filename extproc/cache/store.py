@@ -23,7 +23,6 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from operator import itemgetter
 from typing import Literal, Protocol
 
 from .hot import Purged
@@ -191,16 +190,23 @@ class MemoryStore:
             found = s.bands.get(band)
             if found is not None:
                 votes.update(found.members.keys())
-        # Most shared bands first, then by key: two stable sorts in C, no key function per member.
-        ranked = sorted(votes.items())
-        ranked.sort(key=itemgetter(1), reverse=True)
-        for key, _ in ranked:
-            # A key's band memberships carry its expiry (`_index`; `_drop` removes them all).
-            vector = s.vectors.get(key)
-            if vector is not None and s.expiry.get(key, 0.0) > now:
-                out.append((key, vector))
-                if len(out) >= limit:
-                    break
+        # Most shared bands first, then by key, as the Redis script: the keys grouped by their
+        # count, and a group sorted only when it is reached.
+        by: dict[int, list[str]] = {}
+        for key, n in votes.items():
+            group = by.get(n)
+            if group is None:
+                by[n] = [key]
+            else:
+                group.append(key)
+        for n in sorted(by, reverse=True):
+            for key in sorted(by[n]):
+                # A key's band memberships carry its expiry (`_index`; `_drop` removes them all).
+                vector = s.vectors.get(key)
+                if vector is not None and s.expiry.get(key, 0.0) > now:
+                    out.append((key, vector))
+                    if len(out) >= limit:
+                        return out
         return out
 
     async def fetch(self, scope: str, keys: list[str]) -> list[bytes | None]:
