@@ -54,6 +54,9 @@ class ReadPolicy:
     max_tokens: int = 256
 
 
+_READ_IDS_KEPT = 256
+
+
 class OnnxEmbedder:
     """A sentence encoder in ONNX. Thread-safe: ``session.run`` may be called concurrently.
 
@@ -97,6 +100,9 @@ class OnnxEmbedder:
         self.read = read
         self.max_batch = max_batch
         self.threads = threads
+        # The ids `can_read` found for a text it passed, for the embedding that usually follows
+        # (a readable text is never truncated, so they are the ids `encode` would give).
+        self._read_ids: dict[str, list[int]] = {}
         self.model_file = model_file
         self._skip = 1 + _prefix_pieces(self)  # [bos]/[CLS] and the prefix's pieces
         self.dim = (
@@ -116,6 +122,10 @@ class OnnxEmbedder:
     def encode(self, text: str) -> Encoded:
         return self.tokenizer.encode(self.prefix + text)
 
+    def _ids(self, text: str) -> list[int]:
+        ids: list[int] | None = self._read_ids.pop(text, None)
+        return self.encode(text).ids if ids is None else ids
+
     def can_read(self, text: str) -> bool:
         if not text.strip():
             return False
@@ -124,7 +134,12 @@ class OnnxEmbedder:
         enc = self.tokenizer.encode(self.prefix + text, truncate=False)
         if len(enc.ids) > self.read.max_tokens:
             return False  # truncation would hide the tail: two prompts could differ only there
-        return enc.unknown <= self.read.max_unknown_fraction * max(enc.content, 1)
+        if enc.unknown > self.read.max_unknown_fraction * max(enc.content, 1):
+            return False
+        if len(self._read_ids) >= _READ_IDS_KEPT:  # texts read and never embedded
+            self._read_ids.clear()
+        self._read_ids[text] = enc.ids
+        return True
 
     def embed_sync(self, texts: list[str]) -> np.ndarray:
         """L2-normalised float32 rows, one per text; each row independent of its batch."""
@@ -138,7 +153,7 @@ class OnnxEmbedder:
         return vectors, [s for s in states if s is not None]
 
     def _embed(self, texts: list[str], with_states: bool) -> tuple[np.ndarray, list[TokenStates | None]]:
-        encoded = [self.encode(t).ids for t in texts]
+        encoded = [self._ids(t) for t in texts]
         out = np.empty((len(texts), self.dim), dtype=np.float32)
         states: list[TokenStates | None] = [None] * len(texts)
         for chunk in plan_batches([len(e) for e in encoded], self.max_batch):

@@ -28,6 +28,21 @@ def test_embedding_does_not_depend_on_its_batch(name: str, request: pytest.Fixtu
     assert np.allclose(np.linalg.norm(alone, axis=1), 1.0, atol=1e-5)
 
 
+@pytest.mark.parametrize("name", ["e5", "minilm"])
+def test_a_text_read_first_is_embedded_from_the_same_ids(name: str, request: pytest.FixtureRequest) -> None:
+    # can_read keeps the ids it found for the embedding that follows: they must be the ids a
+    # fresh encoding gives, up to the longest readable text (one token more is not readable)
+    emb: OnnxEmbedder = request.getfixturevalue(name)
+    size = [len(emb.tokenizer.encode(emb.prefix + "a " * n, truncate=False).ids) for n in range(300)]
+    longest = max(n for n, k in enumerate(size) if k <= emb.read.max_tokens)
+    texts = [*MIXED, "a " * longest]
+    fresh = emb.embed_sync(texts)
+    assert [emb.can_read(t) for t in texts].count(True) >= len(texts) // 2
+    assert emb.can_read(texts[-1]) and not emb.can_read("a " * (longest + 1))
+    assert emb.embed_sync(texts).tolist() == fresh.tolist()
+    assert emb.embed_sync(["a " * (longest + 1)]).shape == (1, emb.dim)  # read, refused, embedded anew
+
+
 def test_minilm_cannot_read_chinese_and_would_be_fooled(minilm: OnnxEmbedder) -> None:
     # why can_read exists: under an English vocabulary "open" and "close" become the same [UNK]s
     v = minilm.embed_sync(["怎么开通花呗", "怎么关闭花呗"])
