@@ -114,23 +114,25 @@ class Finder:
         m, text = self.matchers.for_request(ex.tenant, ex.route_path), f.q.text
         if m is None or text is None or not await self._embed(ex, f, m, text) or not f.access.lookup:
             return None
-        for key, cosine, entry, other in await self._candidates(f, m):
-            await m.warm([text, other])  # token states for the verifier, off the event loop
-            decision = m.same(text, other, cosine)
-            if not decision.same:
+        nearest = await self._nearest(f, m)
+        if nearest is None:
+            return None
+        key, cosine, entry, other = nearest
+        await m.warm([text, other])  # token states for the verifier, off the event loop
+        decision = m.same(text, other, cosine)
+        if not decision.same:
+            return None
+        if self.b.selfcheck is not None and decision.reason == "semantic":
+            # A flight in a bin that is not serving goes upstream unjoined (nothing to compare yet).
+            check = await self.b.selfcheck.judge(ex.tenant, text, entry, decision.score, m)
+            if check is not None:  # upstream: served fresh, compared with `entry` once complete
+                ex.state[CHECK] = check
                 return None
-            if self.b.selfcheck is not None and decision.reason == "semantic":
-                # A flight in a bin that is not serving goes upstream unjoined (nothing to compare yet).
-                check = await self.b.selfcheck.judge(ex.tenant, text, entry, decision.score, m)
-                if check is not None:  # upstream: served fresh, compared with `entry` once complete
-                    ex.state[CHECK] = check
-                    return None
-            kind: Kind = "near" if decision.reason == "near-exact" else "semantic"
-            if entry is None:
-                return await self._join(ex, f, key, cosine, kind)
-            await self.keeper.alias(f, entry, key, cosine)
-            return Found(entry, key, "hit", kind, cosine)
-        return None
+        kind: Kind = "near" if decision.reason == "near-exact" else "semantic"
+        if entry is None:
+            return await self._join(ex, f, key, cosine, kind)
+        await self.keeper.alias(f, entry, key, cosine)
+        return Found(entry, key, "hit", kind, cosine)
 
     async def _embed(self, ex: Exchange, f: Flight, m: Matcher, text: str) -> bool:
         """The request's vector and LSH bands; False (counted) when it has none in time."""
@@ -155,8 +157,9 @@ class Finder:
         f.bands = tuple(m.lsh.band_keys(f.vector))
         return True
 
-    async def _candidates(self, f: Flight, m: Matcher) -> list[tuple[str, float, Entry | None, str]]:
-        """(key, cosine, its entry or None while it is in flight, its question), nearest first."""
+    async def _nearest(self, f: Flight, m: Matcher) -> tuple[str, float, Entry | None, str] | None:
+        """The nearest candidate that still has a question to compare: (key, cosine, its entry
+        or None while it is in flight, its question). Only that one entry is decoded."""
         assert f.vector is not None
         store, scope = self.b.store, f.q.scope
         limit = self.b.config.semantic.max_candidates
@@ -164,18 +167,17 @@ class Finder:
         # Its own key: answered by the exact lookup already, or this request's own announcement.
         ranked = [(k, c) for k, c in m.ranked(f.vector, found) if k != f.key]
         if not ranked:
-            return []
+            return None
         raws = await self.b.call(store.fetch(scope, [k for k, _ in ranked]), "fetch")
         flying = [k for (k, _), raw in zip(ranked, raws, strict=True) if raw is None]
         texts = await self.b.call(store.in_flight(scope, flying), "in_flight") if flying else []
         questions = dict(zip(flying, texts, strict=False))
-        out = []
         for (key, cosine), raw in zip(ranked, raws, strict=True):
             entry = _load(raw) if raw is not None else None
             other = entry.text if entry is not None else questions.get(key) if raw is None else None
             if other is not None:
-                out.append((key, cosine, entry, other))
-        return out
+                return key, cosine, entry, other
+        return None
 
     async def _join(self, ex: Exchange, f: Flight, key: str, cosine: float, kind: Kind) -> Found | None:
         """The same question is in flight under another prompt: wait for its answer."""
