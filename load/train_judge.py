@@ -26,6 +26,7 @@ from extproc.dedup.calibrate import SWAPS, cache_dir, count, curve_point, defaul
 from extproc.dedup.decide import DEFAULT_TARGET, CurvePoint
 from extproc.dedup.judge import JUDGE_EMBEDDER, MAX_TOKENS, shipped_judge_dir
 
+from . import judge_extra
 from .judge_data import ROLES, JudgeSet, judge_pairs, prepare_set, served, soft_targets
 from .judge_model import Params, forward, init_params, to_onnx
 
@@ -216,6 +217,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--data", type=Path, default=None)
     ap.add_argument("--cache", type=Path, default=None, help="token-state cache dir (default: eval-cache)")
     ap.add_argument("--out", type=Path, default=None, help="default: extproc/dedup (the shipped artefact)")
+    ap.add_argument(
+        "--extra", type=Path, default=None, metavar="REPOS",
+        help="also fit on the public pairs of load/judge_extra.py, cloned into REPOS/<owner>/<name>",
+    )
     args = ap.parse_args(argv)
     import jax
 
@@ -224,13 +229,17 @@ def main(argv: list[str] | None = None) -> int:
 
     data = args.data or default_data_dir()
     emb = load_embedder(JUDGE_EMBEDDER, args.model_dir)
+    shared = judge_extra.shared_texts(data)
+    extra = {lang: judge_extra.extra_pairs(args.extra, lang, shared) for lang in ("en", "zh") if args.extra}
     sets = [
-        prepare_set(emb, judge_pairs(data, lang), lang, args.cache or cache_dir(), soft_targets(data, lang))
+        prepare_set(emb, judge_pairs(data, lang) + extra.get(lang, []), lang, args.cache or cache_dir(),
+                    soft_targets(data, lang))
         for lang in ("en", "zh")
     ]
     floors = {}
     for s in sets:
-        pos = s.cosine[(s.role == "fit") & s.gold & s.readable]
+        own = ~np.isin([p.source for p in s.pairs], list(judge_extra.NAMES))
+        pos = s.cosine[(s.role == "fit") & s.gold & s.readable & own]  # the floor: the shared files
         floors[s.lang] = float(np.floor(np.quantile(pos, FLOOR_QUANTILE) * 100) / 100)
     params, mean, scale, log = train(
         sets, floors, args.seed, args.epochs, width=args.width, candidates_only=args.candidates_only
@@ -249,6 +258,7 @@ def main(argv: list[str] | None = None) -> int:
         "seed": args.seed,
         "width": args.width,
         "candidates_only": args.candidates_only,
+        "extra": sorted({f"{x.repo}@{x.commit}" for x in judge_extra.SOURCES}) if args.extra else [],
         "max_tokens": MAX_TOKENS,
         "split": f"by pair hash: fit/select/report % = {ROLES[0]}/{ROLES[1]}/{100 - sum(ROLES)}; "
         "en report also takes all of STS-B dev; STS-B score >= 4 = same",
