@@ -18,12 +18,13 @@ from __future__ import annotations
 
 import csv
 import io
-import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from extproc.dedup.calibrate import Pair
+
+from . import pinned
 
 Row = tuple[str, str, str]  # text, text, label "0" | "1"
 
@@ -67,14 +68,6 @@ SOURCES = (
 NAMES = frozenset(s.name for s in SOURCES)
 
 
-def _show(repos: Path, source: Source, path: str) -> str:
-    out = subprocess.run(
-        ["git", "-C", str(repos / source.repo), "show", f"{source.commit}:{path}"],
-        capture_output=True, check=True,
-    )
-    return out.stdout.decode("utf-8-sig")
-
-
 def shared_texts(data: Path) -> set[str]:
     """Every sentence of the shared paraphrase files."""
     out: set[str] = set()
@@ -92,7 +85,8 @@ def extra_pairs(repos: Path, lang: str, exclude: set[str]) -> list[Pair]:
         if source.lang != lang:
             continue
         for path in source.paths:
-            for a, b, label in source.rows(_show(repos, source, path)):
+            text = pinned.blob(repos, source.repo, source.commit, path).decode("utf-8-sig")
+            for a, b, label in source.rows(text):
                 a, b, label = a.strip(), b.strip(), label.strip()
                 if label not in ("0", "1") or not a or not b or a in exclude or b in exclude:
                     continue

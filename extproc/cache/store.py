@@ -194,11 +194,7 @@ class MemoryStore:
         # count, and a group sorted only when it is reached.
         by: dict[int, list[str]] = {}
         for key, n in votes.items():
-            group = by.get(n)
-            if group is None:
-                by[n] = [key]
-            else:
-                group.append(key)
+            by.setdefault(n, []).append(key)
         for n in sorted(by, reverse=True):
             for key in sorted(by[n]):
                 # A key's band memberships carry its expiry (`_index`; `_drop` removes them all).

