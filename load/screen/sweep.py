@@ -26,7 +26,8 @@ from .fit import Lexical, by_source, detection_at, fit_lexical, fit_mlp
 from .train import LEX_BITS, arguments, dataset
 
 OUT = Path(__file__).resolve().parents[1] / "results" / "screen_loso.md"
-FOLDS = ("itw", "templates", "deepset", "jbb", "promptmap", "llmguard")
+FOLDS = ("itw", "templates", "deepset", "jbb", "promptmap", "llmguard", "xsafety", "hackaprompt", "jailbench",
+         "pyrit", "pallms")
 L2S = (1e-4,)  # 1e-5 and 1e-3 had worse worst folds (67.7%, 73.0%) in a wider run
 WEIGHTS = (2.0, 4.0, 6.0, 8.0, 12.0)
 BALANCE: dict[str, tuple[int, ...]] = {  # sample weights: each class equal, and these classes' sources too

@@ -24,7 +24,7 @@ from .fit import Lexical, by_source, combine, detection_at, fit_lexical, fit_mlp
 from .vectors import vectors
 
 LEX_BITS = 18  # 262,144 n-gram buckets (512 KB as float16, most of them zero)
-LEX_WEIGHT = 6.0  # load/results/screen_loso.md: the best worst fold out of source
+LEX_WEIGHT = 2.0  # load/results/screen_loso.md: the best worst fold out of source
 LEX_L2 = 1e-4
 BALANCES: dict[str, tuple[int, ...]] = {"classes": (), "benign-sources": (0,), "all-sources": (0, 1)}
 BALANCE = "classes"
