@@ -236,7 +236,7 @@ class BatchingEmbedder:
             if budget is None:
                 return await item.future
             async with asyncio.timeout(budget):
-                return await asyncio.shield(item.future)
+                return await item.future
         except TimeoutError:
             raise self._shed("timeout", budget or 0.0) from None
         except asyncio.CancelledError:
