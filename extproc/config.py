@@ -492,6 +492,10 @@ class Screen(Strict):
     model_dir: Path | None = None  # None: $LLM_GATE_MODEL_DIR or ~/.cache/llm-gate/models
     embed_timeout_ms: float = Field(default=1000.0, gt=0)
     memo_size: int = Field(default=10_000, ge=0)  # verdicts kept by text: a repeat is not embedded again
+    # With a shared store (store.redis), verdicts are kept there too this long, so a text any
+    # gate process screened is not embedded again by another; 0: each process on its own.
+    shared_ttl_s: float = Field(default=86_400.0, ge=0)
+    key_prefix: str = "gate:screen:"
     max_messages: int = Field(default=8, ge=1)  # user messages screened per request, newest first
 
     def mode_for(self, tenant: str) -> ScreenMode:

@@ -500,6 +500,13 @@ class Metrics:
             ["mode", "verdict"],
             registry=r,
         )
+        self.screen_scores = Counter(
+            "gate_screen_scores",
+            "Texts the injection screen scored, by where the score came from: this process's memo, "
+            "the store (another process screened the text), or a new embedding.",
+            ["source"],
+            registry=r,
+        )
 
     def serve(self, port: int, host: str = "127.0.0.1") -> None:
         start_http_server(port, addr=host, registry=self.registry)

@@ -16,6 +16,7 @@ STORE_DOWN = {
     "skipped": "skipped, counted (no hits, no coalescing)",
     "skipped, or 503 where configured": "skipped, counted; 503 on `fail_closed_paths` / `fail_closed_tiers`",
     "local state only": "each process decides on its own windows until the store is back",
+    "own verdicts only": "each process screens on its own: a text it has not seen is embedded",
 }
 
 

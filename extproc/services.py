@@ -27,6 +27,7 @@ from .ratelimit.store import RedisStore as RedisLimits
 from .redis_client import Client
 from .redis_conn import StoreGuard, connect
 from .safety.screener import Screener
+from .safety.verdicts import SharedVerdicts
 from .scheduler.budget import BudgetStore, MemoryBudgets, RedisBudgets
 from .scheduler.pools import Pools
 from .tasks import Tasks
@@ -116,7 +117,7 @@ class Services:
             tracing=Tracing.create(config.server.tracing),
             traffic=traffic,
             versions=versions,
-            screener=Screener.build(config.screen) if config.screen.enabled else None,
+            screener=_screener(config, redis, store, tasks, metrics),
         )
 
     async def start(self) -> None:
@@ -166,3 +167,19 @@ def _share_gauges(metrics: Metrics) -> Callable[[str, tuple[Share, ...]], None]:
             metrics.version_share.labels(model, version.name).set(version.share)
 
     return publish
+
+
+def _screener(
+    config: Config, redis: Client | None, store: StoreGuard, tasks: Tasks, metrics: Metrics
+) -> Screener | None:
+    """The screen's service when any tenant screens; its verdicts shared through the store
+    when there is one."""
+    c = config.screen
+    if not c.enabled:
+        return None
+    screener = Screener.build(c)
+    screener.on_score = lambda source: metrics.screen_scores.labels(source).inc()
+    if redis is not None and c.shared_ttl_s > 0:
+        prefix = f"{c.key_prefix}{screener.head.fingerprint()}:"
+        screener.shared = SharedVerdicts(redis, store, tasks, prefix, int(c.shared_ttl_s * 1000))
+    return screener

@@ -14,6 +14,7 @@ multiply-adds on one vector and one hash per n-gram; no model runtime.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -80,6 +81,14 @@ class Head:
             return 0.0
         ids = lexical_ids(text, self.lex_bits)
         return float(self.lex[ids].sum()) / float(np.sqrt(max(len(ids), 1)))
+
+    def fingerprint(self) -> str:
+        """What its scores depend on (weights and embedder; not the threshold), in 16 hex digits."""
+        h = hashlib.blake2b(self.embedder.encode(), digest_size=8)
+        for part in (self.w1, self.b1, self.w2, np.float64(self.b2), self.lex):
+            if part is not None:
+                h.update(np.ascontiguousarray(part).tobytes())
+        return h.hexdigest()
 
     def score(self, vector: np.ndarray, text: str | None = None) -> float:
         if self.lex is not None and text is None:

@@ -1,7 +1,8 @@
 """The screen's service: the embedder, the head, and the verdicts already reached.
 
 Lives as long as the process's config. A text screened once keeps its score in a bounded
-memo keyed by the text's hash, so an exact repeat pays no embedding.
+memo keyed by the text's hash, so an exact repeat pays no embedding; with a shared store the
+score is kept there too (`verdicts.py`), so no other gate process embeds that text again.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import Protocol
 
 import numpy as np
@@ -17,6 +19,9 @@ from ..cache.setup import ensure_model
 from ..config import Screen as ScreenConfig
 from ..embed import BatchingEmbedder, default_model_dir, shared_embedder
 from .screen import EMBEDDER, HEAD_FILE, MAX_TOKENS, Head, load_head
+from .verdicts import SharedVerdicts
+
+Source = str  # where a score came from: "memo", "shared" or "embedded"
 
 
 class Embedder(Protocol):
@@ -35,6 +40,8 @@ class Screener:
         self.timeout_s = config.embed_timeout_ms / 1000
         self.memo_size = config.memo_size
         self._memo: OrderedDict[bytes, float] = OrderedDict()
+        self.shared: SharedVerdicts | None = None  # set when the gate shares a store
+        self.on_score: Callable[[Source], None] = lambda source: None
 
     @classmethod
     def build(cls, config: ScreenConfig, workers: int = 1) -> Screener:
@@ -53,15 +60,28 @@ class Screener:
         known = self._memo.get(key)
         if known is not None:
             self._memo.move_to_end(key)
+            self.on_score("memo")
             return known, None
+        if self.shared is not None:
+            known = await self.shared.get(key.hex())
+            if known is not None:
+                self._remember(key, known)
+                self.on_score("shared")
+                return known, None
         async with asyncio.timeout(self.timeout_s):
             vector = await (shared or self.embedder).embed(text)
         value = self.head.score(vector, text)
+        self._remember(key, value)
+        if self.shared is not None:
+            self.shared.put(key.hex(), value)
+        self.on_score("embedded")
+        return value, vector
+
+    def _remember(self, key: bytes, value: float) -> None:
         if self.memo_size:
             self._memo[key] = value
             if len(self._memo) > self.memo_size:
                 self._memo.popitem(last=False)
-        return value, vector
 
     async def aclose(self) -> None:
         await self.embedder.aclose()

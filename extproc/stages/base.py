@@ -21,7 +21,8 @@ if TYPE_CHECKING:
     from ..services import Services
 
 
-STORE_DOWN = ("not used", "skipped", "skipped, or 503 where configured", "local state only")
+STORE_DOWN = ("not used", "skipped", "skipped, or 503 where configured", "local state only",
+              "own verdicts only")
 
 
 class MissingPayloadError(RuntimeError):

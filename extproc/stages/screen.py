@@ -30,7 +30,7 @@ SCREEN_HEADER = "x-gate-screen"
 class Screen(Stage):
     name = "screen"
     fail_closed = False  # a screen that breaks is skipped and counted (block tenants: see above)
-    store_down = "not used"  # its verdicts are kept in the process
+    store_down = "own verdicts only"  # verdicts shared through the store when it is up
 
     def __init__(
         self, config: ScreenConfig, screener: Screener | None, metrics: Metrics,
