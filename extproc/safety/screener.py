@@ -11,7 +11,7 @@ import asyncio
 import hashlib
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import Protocol
+from typing import Literal, Protocol
 
 import numpy as np
 
@@ -21,7 +21,7 @@ from ..embed import BatchingEmbedder, default_model_dir, shared_embedder
 from .screen import EMBEDDER, HEAD_FILE, MAX_TOKENS, Head, load_head
 from .verdicts import SharedVerdicts
 
-Source = str  # where a score came from: "memo", "shared" or "embedded"
+Source = Literal["memo", "shared", "embedded"]  # where a score came from
 
 
 class Embedder(Protocol):

@@ -211,6 +211,7 @@ def hackaprompt(repos: Path) -> list[str]:
 
 def jailbench(repos: Path, per_wrapper: int = 3) -> list[str]:
     repo = "STAIR-BUPT/JailBench"
+
     def rows(path: str) -> csv.DictReader[str]:
         return csv.DictReader(io.StringIO(_blob(repos, repo, path).decode("utf-8-sig")))
 
