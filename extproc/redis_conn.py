@@ -126,6 +126,13 @@ class StoreGuard:
         except RedisError as exc:  # the store answered, with an error: not an outage
             self._failed(op, exc, outage=False)
             return default
+        except Exception as exc:
+            # Not the store's answer: the client library's own failure on a connection cut
+            # mid-call (redis-py has raised IndexError and AttributeError there), or a bug in
+            # reading the reply. The request goes on as for a failed call; the trace is kept.
+            log.exception("store call %s raised %s", op, type(exc).__name__)
+            self._failed(op, exc, outage=False)
+            return default
         finally:
             raise_swallowed_cancel()
         self.failures = 0

@@ -6,7 +6,6 @@ import asyncio
 import re
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -181,6 +180,10 @@ def test_killing_redis_mid_run_loses_no_request(stack: Stack) -> None:
     assert [r.status_code for r in results] == [200] * 40, [r.text for r in results if r.status_code != 200]
     for q, r in zip(questions, results, strict=True):
         assert content(r).startswith(f"[llama-3-8b] Answer to: {q[:25]}"), (q, r.text[:200])
-    assert "bypass" in {r.headers["x-gate-cache"] for r in results}
+    # Every answer says how the cache took it; when one does not, the gate's log says why.
+    outcomes = [r.headers.get("x-gate-cache") for r in results]
+    log = (stack.workdir / "gate.log").read_text().splitlines()
+    why = [ln for ln in log if any(w in ln for w in ("failed", "raised", "Error"))]
+    assert None not in outcomes, (outcomes, why[-30:])
+    assert "bypass" in outcomes
     assert time.monotonic() - started < 20
-    assert Path(stack.workdir / "gate.log").exists()
