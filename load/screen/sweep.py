@@ -48,6 +48,7 @@ def main() -> None:
     src = np.array([s.source for s in samples])
     split = np.array([s.split for s in samples])
     y = np.array([s.label for s in samples], dtype=np.float64)
+    lang = np.array([s.lang for s in samples])
     lex = Lexical(texts, LEX_BITS)
     clinc, atec = (src == "clinc") & (split == "test"), (src == "atec") & (split == "test")
     benign_val = (y == 0) & (split == "val")
@@ -75,7 +76,11 @@ def main() -> None:
                    detection_at(s[out], s[clinc], 0.007)[0], detection_at(s[out], s[atec], 0.007)[0],
                    detection_at(s[held], s[clinc], 0.007)[0], detection_at(s[held], s[atec], 0.007)[0]]
             worst[name] = min(worst.get(name, 1.0), det[1], det[2])
-            cells = " | ".join(f"{d:.1%}" for d in det) + f" | {int((s[hard_test] > t_val).sum())}"
+            # Each language against its own customer-service reference (the rule reads both above).
+            own = [detection_at(s[out & (lang == lg)], s[ref], 0.007)[0] if (out & (lang == lg)).any()
+                   else float("nan") for lg, ref in (("en", clinc), ("zh", atec))]
+            cells = " | ".join("-" if d != d else f"{d:.1%}" for d in det + own)
+            cells += f" | {int((s[hard_test] > t_val).sum())}"
             rows.append(f"| {left_out} ({int(out.sum())}) | {name} | {cells} |")
         print("\n".join(rows[-len(logits):]), f"\n({time.perf_counter() - t0:.0f} s)", flush=True)
     chosen = max(worst, key=lambda k: worst[k])
@@ -90,8 +95,9 @@ def main() -> None:
         "",
         "| left out (injections) | head | @ 0.5% FP, benign val | @ 0.7% FP, CLINC150 (en) "
         "| @ 0.7% FP, ATEC (zh) | Tensor Trust @ 0.7% FP, CLINC150 | Tensor Trust @ 0.7% FP, ATEC "
+        "| its en injections @ 0.7% FP, CLINC150 | its zh injections @ 0.7% FP, ATEC "
         f"| hard benign (test split, {int(hard_test.sum())}) flagged at the benign-val 0.5% threshold |",
-        "|---|---|---:|---:|---:|---:|---:|---:|",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
         *rows,
         "",
         "Worst fold at 0.7% FP against either customer-service reference:",
