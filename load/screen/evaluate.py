@@ -2,7 +2,10 @@
 writes load/results/screen_eval.md.
 
 Held out: Tensor Trust's attacks, a source no head ever trained on. In-source: the test split
-of the training sources. Benign references: the test split of each benign source.
+of the training sources. Benign references: the test split of each benign source, drawn wider
+than training's (`--reference-per-source`): the draw is one shuffle, training takes the train
+split of its first `--per-source` texts, and a text's split is fixed by its hash, so no test
+text was trained on; a 0.7% threshold over 528 texts is set by the fourth highest alone.
 """
 
 from __future__ import annotations
@@ -21,14 +24,30 @@ from .vectors import embedder
 
 OUT = Path(__file__).resolve().parents[1] / "results" / "screen_eval.md"
 FPRS = (0.001, 0.007, 0.01, 0.05)
+REFERENCE_PER_SOURCE = 10_000
+BOOTSTRAP = 1000
+
+
+def interval(pos: np.ndarray, neg: np.ndarray, fpr: float, seed: int) -> tuple[float, float]:
+    """95% bootstrap interval of the detection at `fpr`, both samples resampled: the
+    threshold's own uncertainty (a few texts at the benign tail set it) counts too."""
+    rng = np.random.default_rng(seed)
+    runs = [detection_at(rng.choice(pos, len(pos)), rng.choice(neg, len(neg)), fpr)[0]
+            for _ in range(BOOTSTRAP)]
+    lo, hi = np.quantile(runs, (0.025, 0.975))
+    return float(lo), float(hi)
 
 
 def main() -> None:
     p = arguments(__doc__ or "")
     p.add_argument("--head", type=Path, default=HEAD_FILE)
     p.add_argument("--out", type=Path, default=OUT)
+    p.add_argument("--reference-per-source", type=int, default=REFERENCE_PER_SOURCE,
+                   help="benign texts drawn per benign source for the references (test split)")
     args = p.parse_args()
     head = load_head(args.head)
+    trained_on = args.per_source
+    args.per_source = max(args.per_source, args.reference_per_source)
     samples, x = dataset(args)
     texts = [s.text for s in samples]
     scores = head.scores(x, texts if head.lex is not None else None)
@@ -52,9 +71,11 @@ def main() -> None:
         + (f" and the text's hashed character n-grams ({1 << head.lex_bits:,} buckets)"
            if head.lex is not None else "")
         + f", shipped threshold {head.threshold:.4f}. Commands: `python -m load.screen.train --repos DIR` "
-        f"then `python -m load.screen.evaluate --repos DIR` (seed {args.seed}, {args.per_source} "
-        "benign texts drawn per benign source; data: load/screen/data.py, each repository at its "
-        "pinned commit). "
+        f"then `python -m load.screen.evaluate --repos DIR` (seed {args.seed}; data: load/screen/data.py, "
+        "each repository at its pinned commit). The head trained on the train split of the first "
+        f"{trained_on:,} texts of each benign source's shuffled draw; the benign references are the "
+        f"test split of its first {args.per_source:,} (a text's split is fixed by its hash: no test "
+        "text was trained on). "
         "The head's kind was chosen out of source, without the held-out source "
         "(`python -m load.screen.sweep`, load/results/screen_loso.md).",
         "",
@@ -78,6 +99,12 @@ def main() -> None:
         for ref_name, ref_mask in ref.items():
             cells = [f"{detection_at(scores[mask], scores[ref_mask], f)[0]:.1%}" for f in FPRS]
             lines.append(f"| {name} | {ref_name} ({int(ref_mask.sum())}) | " + " | ".join(cells) + " |")
+    clinc = ref["en customer service (CLINC150)"]
+    det = detection_at(scores[held], scores[clinc], 0.007)[0]
+    lo, hi = interval(scores[held], scores[clinc], 0.007, args.seed)
+    lines += ["", f"Held out at 0.7% false positives on CLINC150: {det:.1%}, 95% interval {lo:.1%}-{hi:.1%} "
+              f"({BOOTSTRAP:,} bootstrap resamples of both the held-out injections and the reference, so "
+              "the threshold's own uncertainty counts)."]
     lines += [
         "",
         f"## At the shipped threshold ({head.threshold:.4f})",
