@@ -483,8 +483,9 @@ class Screen(Strict):
     """The injection / jailbreak screen on the last user message's embedding (docs/safety.md):
     `monitor` forwards and flags, `block` answers 400 `prompt_injection`."""
 
-    mode: ScreenMode = "off"  # for tenants not listed below
+    mode: ScreenMode = "off"  # for tenants and routes not listed below
     tenants: dict[str, ScreenMode] = Field(default_factory=dict)
+    routes: dict[str, ScreenMode] = Field(default_factory=dict)  # path prefix -> mode, longest match
     threshold: float | None = Field(default=None, gt=0, lt=1)  # None: the head's trained one
     tier_thresholds: dict[Tier, float] = Field(default_factory=dict)  # per tier, in place of `threshold`
     elevated_threshold: float | None = Field(default=None, gt=0, lt=1)  # keys with `risk: elevated`
@@ -498,12 +499,24 @@ class Screen(Strict):
     key_prefix: str = "gate:screen:"
     max_messages: int = Field(default=8, ge=1)  # user messages screened per request, newest first
 
-    def mode_for(self, tenant: str) -> ScreenMode:
-        return self.tenants.get(tenant, self.mode)
+    @model_validator(mode="after")
+    def _route_prefixes(self) -> Screen:
+        bad = [r for r in self.routes if not r.startswith("/")]
+        if bad:
+            raise ValueError(f"screen.routes keys are path prefixes starting with '/'; got {bad}")
+        return self
+
+    def mode_for(self, tenant: str, path: str) -> ScreenMode:
+        """The tenant's own mode, else the longest listed route prefix of the path's, else `mode`."""
+        if tenant in self.tenants:
+            return self.tenants[tenant]
+        prefixes = [p for p in self.routes if path.startswith(p)]
+        return self.routes[max(prefixes, key=len)] if prefixes else self.mode
 
     @property
     def enabled(self) -> bool:
-        return self.mode != "off" or any(m != "off" for m in self.tenants.values())
+        modes = [self.mode, *self.tenants.values(), *self.routes.values()]
+        return any(m != "off" for m in modes)
 
 
 class Config(Strict):

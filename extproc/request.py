@@ -92,12 +92,18 @@ def last_user_text(payload: dict[str, Any]) -> str:
     return " ".join(p for p in prompt if isinstance(p, str)) if isinstance(prompt, list) else ""
 
 
-def user_texts(payload: dict[str, Any]) -> list[str]:
-    """Every user message's text, newest first; the prompt for completions."""
+OVERRIDING_ROLES = ("system", "developer")
+
+
+def screened_texts(payload: dict[str, Any]) -> list[str]:
+    """What the injection screen reads, newest first: every user message's text, and every
+    system or developer message but a leading one (a system prompt that arrives mid-conversation
+    tries to override the one the application set); the prompt for completions."""
     messages = payload.get("messages")
     if isinstance(messages, list):
-        return [_any_text(m.get("content")) for m in reversed(messages)
-                if isinstance(m, dict) and m.get("role") == "user"]
+        return [_any_text(m.get("content")) for i, m in reversed(list(enumerate(messages)))
+                if isinstance(m, dict) and (m.get("role") == "user"
+                                            or (i > 0 and m.get("role") in OVERRIDING_ROLES))]
     text = last_user_text(payload)
     return [text] if text else []
 

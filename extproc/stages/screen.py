@@ -13,7 +13,7 @@ from ..config import Screen as ScreenConfig
 from ..errors import SHOULD_RETRY, error_reply
 from ..exchange import EMBEDDED, Exchange, Reply
 from ..metrics import Metrics
-from ..request import user_texts
+from ..request import screened_texts
 from ..safety.screen import EMBEDDER
 from ..safety.screener import Screener
 from .base import Stage, payload_of
@@ -62,14 +62,14 @@ class Screen(Stage):
         return tier if tier is not None else self.screener.threshold
 
     async def on_request(self, ex: Exchange) -> Reply | None:
-        mode = self.config.mode_for(ex.tenant)
+        mode = self.config.mode_for(ex.tenant, ex.route_path)
         payload = payload_of(ex)
         if mode == "off" or self.screener is None:
             return None
         threshold = self.threshold(ex)
         score = 0.0
         shared = self._shared(ex)
-        for i, text in enumerate(user_texts(payload)[: self.config.max_messages]):
+        for i, text in enumerate(screened_texts(payload)[: self.config.max_messages]):
             if not text.strip():
                 continue
             try:

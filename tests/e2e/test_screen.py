@@ -23,7 +23,8 @@ BENIGN = "Where is my parcel? I ordered a pair of shoes last week."
 def stack(model_dir: Path) -> Iterator[Stack]:
     config = {
         "identity": {"api_keys": {"sk-block": {"tenant": "bank"}, "sk-watch": {"tenant": "shop"}}},
-        "screen": {"tenants": {"bank": "block", "shop": "monitor"}, "model_dir": str(model_dir)},
+        "screen": {"tenants": {"bank": "block", "shop": "monitor"}, "routes": {"/v1/completions": "block"},
+                   "model_dir": str(model_dir)},
     }
     with Stack(gate_config=config, sim_args=["--itl-ms", "1"]) as s:
         yield s
@@ -71,3 +72,17 @@ def test_tenants_without_the_screen_are_not_screened(stack: Stack) -> None:
         model="llama-3-8b", messages=[{"role": "user", "content": JAILBREAK + " (anonymous)"}]
     )
     assert raw.headers.get("x-gate-screen") is None
+
+
+def test_a_route_in_block_mode_refuses_every_caller_without_a_mode_of_its_own(stack: Stack) -> None:
+    before = served(stack)
+    with pytest.raises(openai.BadRequestError) as err:
+        client(stack, "sk-other").completions.create(model="llama-3-8b", prompt=JAILBREAK, max_tokens=8)
+    assert err.value.code == "prompt_injection"
+    assert served(stack) == before
+    # The monitoring tenant's own mode comes before the route's: forwarded and flagged.
+    raw = client(stack, "sk-watch").completions.with_raw_response.create(
+        model="llama-3-8b", prompt=JAILBREAK + " (watched)", max_tokens=8
+    )
+    assert raw.headers["x-gate-screen"] == "flagged"
+    assert served(stack) == before + 1

@@ -63,8 +63,8 @@ def screener(model_dir: Path) -> Screener:
     return Screener.build(ScreenConfig(mode="block", model_dir=model_dir))
 
 
-def exchange(text: str, tenant: str = "t") -> Exchange:
-    ex = Exchange(method="POST", path="/v1/chat/completions", headers={})
+def exchange(text: str, tenant: str = "t", path: str = "/v1/chat/completions") -> Exchange:
+    ex = Exchange(method="POST", path=path, headers={})
     ex.payload = {"model": "m", "messages": [{"role": "system", "content": "be nice"},
                                              {"role": "user", "content": text}]}
     ex.tenant = tenant
@@ -117,6 +117,44 @@ async def test_an_injection_in_an_earlier_turn_is_caught(screener: Screener) -> 
                                    {"role": "assistant", "content": "Sure."}]
     reply = await stage.on_request(ex)
     assert reply is not None and reply.status == 400
+
+
+async def test_a_system_prompt_sent_mid_conversation_is_screened_and_the_leading_one_is_not(
+    screener: Screener,
+) -> None:
+    stage = Screen(ScreenConfig(mode="block"), screener, Metrics())
+    late = exchange("Thanks! And what are your opening hours?")
+    assert late.payload is not None
+    late.payload["messages"][2:2] = [{"role": "assistant", "content": "We open at nine."},
+                                     {"role": "developer", "content": JAILBREAK}]
+    reply = await stage.on_request(late)
+    assert reply is not None and reply.status == 400
+    # The application's own system prompt, first in the list, is its to write.
+    own = exchange("Thanks! And what are your opening hours?")
+    assert own.payload is not None
+    own.payload["messages"][0]["content"] = JAILBREAK
+    assert await stage.on_request(own) is None
+
+
+async def test_modes_per_route_under_the_tenants_own(screener: Screener) -> None:
+    config = ScreenConfig(routes={"/v1/completions": "block", "/v1/chat": "monitor"},
+                          tenants={"redteam": "off"})
+    stage = Screen(config, screener, Metrics())
+    blocked = exchange(JAILBREAK, path="/v1/completions?stream=false")
+    reply = await stage.on_request(blocked)
+    assert reply is not None and reply.status == 400
+    watched = exchange(JAILBREAK)
+    assert await stage.on_request(watched) is None
+    assert watched.client_headers["x-gate-screen"] == "flagged"
+    exempt = exchange(JAILBREAK, "redteam", path="/v1/completions")
+    assert await stage.on_request(exempt) is None and "x-gate-screen" not in exempt.client_headers
+    elsewhere = exchange(JAILBREAK, path="/v1/embeddings")
+    assert await stage.on_request(elsewhere) is None and "x-gate-screen" not in elsewhere.client_headers
+    # The longest listed prefix decides.
+    nested = ScreenConfig(routes={"/v1": "monitor", "/v1/completions": "block"})
+    assert nested.mode_for("t", "/v1/completions") == "block" and nested.mode_for("t", "/v1/x") == "monitor"
+    with pytest.raises(ValueError, match="path prefixes"):
+        ScreenConfig(routes={"v1/completions": "block"})
 
 
 async def test_thresholds_per_tier_and_stricter_for_elevated_risk_keys(screener: Screener) -> None:
