@@ -507,6 +507,12 @@ class Metrics:
             ["source"],
             registry=r,
         )
+        self.screen_masked = Counter(
+            "gate_screen_masked",
+            "Texts the injection screen also scored unmasked: look-alike, fullwidth or spread-out "
+            "letters (a second embedding each).",
+            registry=r,
+        )
 
     def serve(self, port: int, host: str = "127.0.0.1") -> None:
         start_http_server(port, addr=host, registry=self.registry)

@@ -27,6 +27,7 @@ from .ratelimit.store import RedisStore as RedisLimits
 from .redis_client import Client
 from .redis_conn import StoreGuard, connect
 from .safety.screener import Screener
+from .safety.unmask import READING
 from .safety.verdicts import SharedVerdicts
 from .scheduler.budget import BudgetStore, MemoryBudgets, RedisBudgets
 from .scheduler.pools import Pools
@@ -179,7 +180,8 @@ def _screener(
         return None
     screener = Screener.build(c)
     screener.on_score = lambda source: metrics.screen_scores.labels(source).inc()
+    screener.on_masked = metrics.screen_masked.inc
     if redis is not None and c.shared_ttl_s > 0:
-        prefix = f"{c.key_prefix}{screener.head.fingerprint()}:"
+        prefix = f"{c.key_prefix}{screener.head.fingerprint()}{READING}:"  # a new head or reading: new keys
         screener.shared = SharedVerdicts(redis, store, tasks, prefix, int(c.shared_ttl_s * 1000))
     return screener

@@ -1,6 +1,8 @@
 """The screen's service: the embedder, the head, and the verdicts already reached.
 
-Lives as long as the process's config. A text screened once keeps its score in a bounded
+Lives as long as the process's config. A text written to slip past the screen (look-alike
+letters, letters spread out: `unmask.py`) is scored as written and as unmasked, the higher
+score counting. A text screened once keeps its score in a bounded
 memo keyed by the text's hash, so an exact repeat pays no embedding; with a shared store the
 score is kept there too (`verdicts.py`), so no other gate process embeds that text again.
 """
@@ -19,6 +21,7 @@ from ..cache.setup import ensure_model
 from ..config import Screen as ScreenConfig
 from ..embed import BatchingEmbedder, default_model_dir, shared_embedder
 from .screen import EMBEDDER, HEAD_FILE, MAX_TOKENS, Head, load_head
+from .unmask import reread
 from .verdicts import SharedVerdicts
 
 Source = Literal["memo", "shared", "embedded"]  # where a score came from
@@ -42,6 +45,7 @@ class Screener:
         self._memo: OrderedDict[bytes, float] = OrderedDict()
         self.shared: SharedVerdicts | None = None  # set when the gate shares a store
         self.on_score: Callable[[Source], None] = lambda source: None
+        self.on_masked: Callable[[], None] = lambda: None
 
     @classmethod
     def build(cls, config: ScreenConfig, workers: int = 1) -> Screener:
@@ -68,9 +72,13 @@ class Screener:
                 self._remember(key, known)
                 self.on_score("shared")
                 return known, None
+        plain = reread(text)
         async with asyncio.timeout(self.timeout_s):
             vector = await (shared or self.embedder).embed(text)
-        value = self.head.score(vector, text)
+            value = self.head.score(vector, text)
+            if plain is not None:  # masked: the higher of the two readings (a second embedding)
+                self.on_masked()
+                value = max(value, self.head.score(await self.embedder.embed(plain), plain))
         self._remember(key, value)
         if self.shared is not None:
             self.shared.put(key.hex(), value)

@@ -16,9 +16,11 @@ from pathlib import Path
 import numpy as np
 
 from extproc.safety.screen import HEAD_FILE, load_head
+from extproc.safety.unmask import reread
 
 from .data import HELD_OUT
 from .fit import detection_at
+from .masks import MASKS, as_screened, table
 from .train import arguments, dataset
 from .vectors import embedder
 
@@ -50,7 +52,7 @@ def main() -> None:
     args.per_source = max(args.per_source, args.reference_per_source)
     samples, x = dataset(args)
     texts = [s.text for s in samples]
-    scores = head.scores(x, texts if head.lex is not None else None)
+    scores = as_screened(head, texts, x, args.cache)  # as the gate scores them (masked texts unmasked)
     src = np.array([s.source for s in samples])
     split = np.array([s.split for s in samples])
     lang = np.array([s.lang for s in samples])
@@ -121,6 +123,19 @@ def main() -> None:
                     kind = "injection" if lab == 1 else "benign"
                     flagged = float((scores[mask] > head.threshold).mean())
                     lines.append(f"| {source} | {kind} | {lg} | {int(mask.sum())} | {flagged:.1%} |")
+    benign_test = [s.text for s in samples if s.label == 0 and s.split == "test"]
+    reread_n = sum(reread(t) is not None for t in benign_test)
+    attacks = {f"held-out {HELD_OUT}": [t for t, h in zip(texts, held, strict=True) if h],
+               "in-source test split": [t for t, i in zip(texts, in_source, strict=True) if i]}
+    lines += ["", "## Masked attacks", "",
+              "The same attacks disguised (" + ", ".join(MASKS) + "; the last joins each word's "
+              "characters with a space and the words with three), flagged at the shipped threshold "
+              "by the head alone and as the gate scores them (`extproc/safety/unmask.py`: as written "
+              "and as unmasked, the higher score):", "",
+              "| attacks | mask | head alone | the gate |", "|---|---|---:|---:|",
+              *table(head, attacks, args.cache), "",
+              f"Benign test texts the unmasking reads differently (each pays a second embedding): "
+              f"{reread_n} of {len(benign_test):,}."]
     hard = (src == "hard") & (label == 0)
     missed = [s.text for s, sc in zip(samples, scores, strict=True)
               if s.source == "hard" and sc > head.threshold]
@@ -130,8 +145,9 @@ def main() -> None:
               f"(all splits; {len(hard_test)} of {int((hard & test).sum())} in the test split, "
               "never trained on)."]
     lines += [f"- {t}" + (" (test split)" if t in hard_test else "") for t in missed]
-    lines += ["", "Head cost per screened text (beyond the embedding; the n-grams of the whole text and "
-              "the MLP on its vector), one call at a time on this machine:", "",
+    lines += ["", "Cost per screened text beyond the embedding (the unmasking, the n-grams of the whole "
+              "text and the MLP on its vector; a masked text's second embedding not counted), one call "
+              "at a time on this machine:", "",
               "| texts | calls | p50 | p99 |", "|---|---:|---:|---:|"]
     service = [i for i, s in enumerate(samples) if s.source in ("clinc", "atec") and s.split == "test"]
     every_test = [i for i, s in enumerate(samples) if s.split == "test" or s.source == HELD_OUT]
@@ -143,6 +159,7 @@ def main() -> None:
         for _ in range(max(1, 5000 // len(idx))):
             for i in idx:
                 t0 = time.perf_counter()
+                reread(texts[i])
                 head.score(x[i], texts[i] if head.lex is not None else None)
                 timings.append(time.perf_counter() - t0)
         lines.append(f"| {name} | {len(timings):,} | {np.median(timings) * 1e6:.1f} µs | "

@@ -9,6 +9,7 @@ import httpx
 import openai
 import pytest
 
+from load.screen.masks import MASKS
 from load.stack import Stack
 
 JAILBREAK = (
@@ -55,6 +56,15 @@ def test_block_mode_refuses_with_prompt_injection_and_calls_no_model(stack: Stac
     )
     assert ok.headers.get("x-gate-screen") is None
     assert served(stack) == before + 1
+
+
+def test_an_injection_in_look_alike_letters_is_refused_too(stack: Stack) -> None:
+    before = served(stack)
+    masked = MASKS["Cyrillic look-alikes"](JAILBREAK)  # scored 0.31 as written, under the threshold
+    with pytest.raises(openai.BadRequestError) as err:
+        ask(client(stack, "sk-block"), masked)
+    assert err.value.code == "prompt_injection"
+    assert served(stack) == before
 
 
 def test_monitor_mode_forwards_and_flags(stack: Stack) -> None:
