@@ -9,11 +9,17 @@ redaction replaces the whole match with `[redacted:KIND]`.
 `holdback(text)` is what a stream must keep back: the shortest tail of `text` such that
 every match that more text could still create or change starts inside it. It is bounded by
 the longest span a match can have, and is empty after text that cannot start one.
+
+Both read the text as a person does, one character for one (`plain`): fullwidth letters,
+digits and signs as ASCII (`１３８００１３８０００`, common in Chinese answers), every other
+script's decimal digits as ASCII digits, and no-break, fixed-width and zero-width spaces as a
+space; offsets stay those of the text, so what is redacted is the text's own characters.
 """
 
 from __future__ import annotations
 
 import re
+import unicodedata
 from collections import Counter
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
@@ -145,8 +151,30 @@ KINDS: dict[str, Kind] = {
 ALL_KINDS: tuple[str, ...] = tuple(KINDS)
 
 
+def _plain_table() -> str:
+    """Indexed by code point (str.translate leaves a character past its end as it is)."""
+    table = [chr(cp) for cp in range(0x10000)]
+    for cp in range(0x80, 0x10000):
+        if unicodedata.category(chr(cp)) == "Nd":
+            table[cp] = str(unicodedata.decimal(chr(cp)))
+    for cp in range(0xFF01, 0xFF5F):  # fullwidth ASCII
+        table[cp] = chr(cp - 0xFEE0)
+    for cp in (0x00A0, *range(0x2000, 0x200E), 0x202F, 0x205F, 0x2060, 0x3000, 0xFEFF):
+        table[cp] = " "
+    return "".join(table)
+
+
+_PLAIN = _plain_table()
+
+
+def plain(text: str) -> str:
+    """The text as the patterns read it: the same length, one character for one."""
+    return text if text.isascii() else text.translate(_PLAIN)
+
+
 def find(text: str, kinds: Collection[str] = ALL_KINDS) -> list[Span]:
     """Every valid match, overlaps merged (the first kind found names the merged span)."""
+    text = plain(text)
     spans: list[Span] = []
     for name in kinds:
         kind = KINDS[name]
@@ -190,7 +218,7 @@ def redact(text: str, kinds: Collection[str] = ALL_KINDS) -> tuple[str, Counter[
 def holdback(text: str, kinds: Collection[str] = ALL_KINDS) -> int:
     """How many characters at the end of `text` more text could still make part of a match."""
     longest = max(KINDS[k].max_span for k in kinds) if kinds else 0
-    tail = text[-longest:] if longest else ""
+    tail = plain(text[-longest:]) if longest else ""
     held = 0
     for name in kinds:
         kind = KINDS[name]

@@ -54,6 +54,16 @@ def test_card_split_between_two_frames_at_every_position_and_every_byte() -> Non
             assert dict(f.counts) == {"card": 1}
 
 
+def test_fullwidth_card_split_between_two_frames_at_every_position() -> None:
+    """As a Chinese answer writes it: fullwidth digits, three bytes each in UTF-8."""
+    text = "您的卡号 ４１１１ １１１１ １１１１ １１１１ 已保存。"
+    for at in range(len(text) + 1):
+        body = stream([text[:at], text[at:]])
+        for cut in range(len(body) + 1):
+            out = run(AnswerFilter("sse"), [body[:cut], body[cut:]])
+            assert client_text(out) == "您的卡号 [redacted:card] 已保存。", (at, cut)
+
+
 def test_token_by_token_stream_holds_back_only_the_number() -> None:
     words = ["Your", " card", " 4111", " 1111", " 1111", " 1111", " is", " on", " file."]
     f = AnswerFilter("sse")

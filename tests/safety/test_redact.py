@@ -30,6 +30,14 @@ from extproc.safety.redact import KINDS, cn_id_ok, find, holdback, iban_ok, luhn
         ("v1.2.3, 2024-05-01, 3.14159, 42 apples", "v1.2.3, 2024-05-01, 3.14159, 42 apples", {}),
         ("您的卡号是4111111111111111，请核对", "您的卡号是[redacted:card]，请核对", {"card": 1}),
         ("身份证11010519491231002X号", "身份证[redacted:cn_id]号", {"cn_id": 1}),
+        # Read as a person reads them: fullwidth forms, other scripts' digits, unusual spaces.
+        ("电话：１３８００１３８０００。", "电话：[redacted:phone]。", {"phone": 1}),
+        ("身份证１１０１０５１９４９１２３１００２Ｘ号", "身份证[redacted:cn_id]号", {"cn_id": 1}),
+        ("卡号 ４１１１－１１１１－１１１１－１１１１", "卡号 [redacted:card]", {"card": 1}),
+        ("card 4111\u00a01111\u202f1111\u20091111 ok", "card [redacted:card] ok", {"card": 1}),
+        ("card 4111\u200b1111\u200b1111\u200b1111", "card [redacted:card]", {"card": 1}),
+        ("card ٤١١١١١١١١١١١١١١١ ok", "card [redacted:card] ok", {"card": 1}),
+        ("mail ｊｏｈｎ＠ｅｘａｍｐｌｅ．ｃｏｍ", "mail [redacted:email]", {"email": 1}),
     ],
 )
 def test_redact_table(text: str, out: str, counts: dict[str, int]) -> None:
@@ -68,12 +76,13 @@ match_texts = st.sampled_from([
     "4111 1111 1111 1111", "378282246310005", "11010519491231002X", "13800138000", "+86 138 0013 8000",
     "(415) 555-2671", "+44 20 7946 0958", "john.doe@example.com", "DE89 3704 0044 0532 0130 00",
 ])
-prose = st.text(alphabet="abc XYZ.,-:12", max_size=20)
+prose = st.text(alphabet="abc XYZ.,-:12\u00a0１ｃ", max_size=20)
+FULLWIDTH = {c: c + 0xFEE0 for c in range(0x21, 0x7F)}
 
 
-@given(prose, match_texts, prose)
-def test_every_prefix_of_a_match_is_held(before: str, secret: str, after: str) -> None:
-    text = f"{before} {secret} {after}"
+@given(prose, match_texts, st.booleans(), prose)
+def test_every_prefix_of_a_match_is_held(before: str, secret: str, wide: bool, after: str) -> None:
+    text = f"{before} {secret.translate(FULLWIDTH) if wide else secret} {after}"
     whole = find(text)
     for cut in range(len(text) + 1):
         head = text[:cut]
