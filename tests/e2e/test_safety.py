@@ -95,6 +95,13 @@ def test_json_answer_redacted_for_the_guarded_tenant_only(client: httpx.Client) 
     assert other.json()["choices"][0]["message"]["content"].startswith(f"[llama-3-8b] Answer to: {prompt}")
 
 
+def test_a_fullwidth_phone_number_in_a_chinese_stream_is_redacted(client: httpx.Client) -> None:
+    # The simulator streams the prompt's words back one frame each.
+    text, _ = streamed_text(client, "电话 １３８ ００１３ ８０００ 请回电", FIN)
+    assert text.startswith("[llama-3-8b] Answer to: 电话 [redacted:phone] 请回电")
+    assert "１３８" not in text and "８０００" not in text
+
+
 def test_a_tenant_without_the_guardrail_gets_the_stream_unchanged(client: httpx.Client) -> None:
     text, _ = streamed_text(client, f"{CARD} unguarded", SHOP)
     assert text.startswith(f"[llama-3-8b] Answer to: {CARD} unguarded")
