@@ -497,7 +497,7 @@ class Screen(Strict):
     # gate process screened is not embedded again by another; 0: each process on its own.
     shared_ttl_s: float = Field(default=86_400.0, ge=0)
     key_prefix: str = "gate:screen:"
-    max_messages: int = Field(default=8, ge=1)  # user messages screened per request, newest first
+    max_messages: int = Field(default=8, ge=1)  # one by one, newest first; older new ones as one text
 
     @model_validator(mode="after")
     def _route_prefixes(self) -> Screen:

@@ -55,6 +55,14 @@ class Screener:
         embedder = BatchingEmbedder(inner, workers=workers, timeout_s=config.embed_timeout_ms / 1000)
         return cls(config, embedder, load_head(config.head_file or HEAD_FILE))
 
+    def known(self, text: str) -> bool:
+        """Whether this process has screened the text (its memo; nothing is looked up)."""
+        key = hashlib.blake2b(text.encode(), digest_size=16).digest()
+        if key in self._memo:
+            self._memo.move_to_end(key)
+            return True
+        return False
+
     async def score(self, text: str, shared: Embedder | None = None) -> tuple[float, np.ndarray | None]:
         """(the text's score, its vector when it was embedded now: None for a known text).
 

@@ -7,7 +7,7 @@ since a protection that turns itself off under load would be no protection."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..config import Screen as ScreenConfig
 from ..errors import SHOULD_RETRY, error_reply
@@ -61,6 +61,20 @@ class Screen(Stage):
         tier = next((v for t, v in c.tier_thresholds.items() if t == ex.tier), None)
         return tier if tier is not None else self.screener.threshold
 
+    def texts(self, payload: dict[str, Any]) -> list[str]:
+        """The newest `max_messages` texts; the older ones this process has screened (their
+        scores are in its memo); and, as one text, the older ones it has not. A conversation
+        that grew turn by turn has none of the last (each text was the newest once), and a
+        history written all at once cannot hide an injection further back than the cap."""
+        assert self.screener is not None
+        texts = [t for t in screened_texts(payload) if t.strip()]
+        cap = self.config.max_messages
+        known: list[str] = []
+        unseen: list[str] = []
+        for t in texts[cap:]:
+            (known if self.screener.known(t) else unseen).append(t)
+        return texts[:cap] + known + (["\n\n".join(reversed(unseen))] if unseen else [])
+
     async def on_request(self, ex: Exchange) -> Reply | None:
         mode = self.config.mode_for(ex.tenant, ex.route_path)
         payload = payload_of(ex)
@@ -69,9 +83,7 @@ class Screen(Stage):
         threshold = self.threshold(ex)
         score = 0.0
         shared = self._shared(ex)
-        for i, text in enumerate(screened_texts(payload)[: self.config.max_messages]):
-            if not text.strip():
-                continue
+        for i, text in enumerate(self.texts(payload)):
             try:
                 score, vector = await self.screener.score(text, shared)
             except Exception:  # the embedder is down, shed or late
