@@ -496,7 +496,8 @@ class Metrics:
 
         self.screen_verdicts = Counter(
             "gate_screen_verdicts",
-            "Injection screen verdicts by mode (monitor, block) and verdict (pass, flagged, skipped).",
+            "Injection screen verdicts by mode (monitor, block) and verdict (pass, flagged, skipped, "
+            "unavailable, unreadable).",
             ["mode", "verdict"],
             registry=r,
         )

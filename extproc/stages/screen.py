@@ -13,7 +13,7 @@ from ..config import Screen as ScreenConfig
 from ..errors import SHOULD_RETRY, error_reply
 from ..exchange import EMBEDDED, Exchange, Reply
 from ..metrics import Metrics
-from ..request import screened_texts
+from ..request import screened_texts, token_array_count
 from ..safety.screen import EMBEDDER
 from ..safety.screener import Screener
 from .base import Stage, payload_of
@@ -75,11 +75,30 @@ class Screen(Stage):
             (known if self.screener.known(t) else unseen).append(t)
         return texts[:cap] + known + (["\n\n".join(reversed(unseen))] if unseen else [])
 
+    def unreadable(self, ex: Exchange, mode: str) -> Reply | None:
+        """A prompt sent as token ids: forwarded unscreened for `monitor` (counted), refused
+        for `block`, whose screen would otherwise be one encoding away from switched off."""
+        if mode != "block":
+            self.metrics.screen_verdicts.labels(mode, "skipped").inc()
+            return None
+        self.metrics.screen_verdicts.labels(mode, "unreadable").inc()
+        return error_reply(
+            400,
+            "This tenant's prompts are screened for prompt injection, and a prompt sent as token "
+            f"ids cannot be screened: send it as text. Request id {ex.request_id}.",
+            param="prompt",
+            code="unscreenable_prompt",
+            headers={SHOULD_RETRY: "false"},
+            decision="screen_unreadable",
+        )
+
     async def on_request(self, ex: Exchange) -> Reply | None:
         mode = self.config.mode_for(ex.tenant, ex.route_path)
         payload = payload_of(ex)
         if mode == "off" or self.screener is None:
             return None
+        if token_array_count(payload):  # token ids: unreadable without the model's own tokenizer
+            return self.unreadable(ex, mode)
         threshold = self.threshold(ex)
         score = 0.0
         shared = self._shared(ex)

@@ -90,6 +90,10 @@ def test_a_route_in_block_mode_refuses_every_caller_without_a_mode_of_its_own(st
         client(stack, "sk-other").completions.create(model="llama-3-8b", prompt=JAILBREAK, max_tokens=8)
     assert err.value.code == "prompt_injection"
     assert served(stack) == before
+    with pytest.raises(openai.BadRequestError) as err:  # token ids: the screen cannot read them
+        client(stack, "sk-other").completions.create(model="llama-3-8b", prompt=[[9906, 1917]], max_tokens=8)
+    assert err.value.code == "unscreenable_prompt"
+    assert served(stack) == before
     # The monitoring tenant's own mode comes before the route's: forwarded and flagged.
     raw = client(stack, "sk-watch").completions.with_raw_response.create(
         model="llama-3-8b", prompt=JAILBREAK + " (watched)", max_tokens=8
