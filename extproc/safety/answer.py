@@ -2,10 +2,11 @@
 
 `AnswerFilter.feed(chunk, end)` returns the bytes to send on in place of `chunk`. A JSON
 answer is held until its end (it is parsed whole). A stream goes on event by event: each
-choice's text runs through a `TextStream`, which holds back only the tail that more text
-could still turn into personal data (`redact.holdback`); the rest of each event's text
-goes out at once, redacted. What is held goes out with the choice's finishing event, or
-before `[DONE]`, or at the end of the body.
+choice's text, and apart from it its reasoning text, runs through a `TextStream`, which
+holds back only the tail that more text could still turn into personal data
+(`redact.holdback`); the rest of each event's text goes out at once, redacted. What is
+held goes out with the choice's finishing event, or before `[DONE]`, or at the end of the
+body.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import orjson
 
 from .redact import ALL_KINDS, apply, find, holdback, redact
 
-TEXT_FIELDS = ("content", "reasoning_content")
+TEXT_FIELDS = ("content", "reasoning_content", "reasoning")  # a chat message's (or delta's) texts
 
 
 class TextStream:
@@ -49,15 +50,14 @@ class TextStream:
         return text
 
 
-def _text_slot(choice: dict[str, Any]) -> tuple[dict[str, Any], str] | None:
-    """Where a streamed choice carries its text: chat's delta.content, completions' text."""
+def _text_slots(choice: dict[str, Any]) -> tuple[dict[str, Any], tuple[str, ...]] | None:
+    """Where a streamed choice carries its texts: chat's delta (its content and reasoning),
+    completions' text."""
     delta = choice.get("delta")
     if isinstance(delta, dict):
-        if "content" in delta or not delta:  # not a role-only or tool-call delta
-            return delta, "content"
-        return None
+        return delta, TEXT_FIELDS
     if "text" in choice:
-        return choice, "text"
+        return choice, ("text",)
     return None
 
 
@@ -69,7 +69,7 @@ class AnswerFilter:
         self.kinds = kinds
         self.counts: Counter[str] = Counter()  # since its reader last cleared it
         self._buf = bytearray()
-        self._streams: dict[int, TextStream] = {}
+        self._streams: dict[tuple[int, str], TextStream] = {}  # by choice index and field
         self._template: dict[str, Any] | None = None  # the last event, for a closing one
 
     def feed(self, chunk: bytes, end: bool) -> bytes:
@@ -152,33 +152,42 @@ class AnswerFilter:
         return b"\n".join([*others, b"data: " + orjson.dumps(doc)]) + b"\n\n"
 
     def _choice(self, choice: dict[str, Any]) -> bool:
-        slot = _text_slot(choice)
-        if slot is None:
+        slots = _text_slots(choice)
+        if slots is None:
             return False
-        holder, name = slot
+        holder, names = slots
         index = choice.get("index", 0)
-        stream = self._streams.setdefault(index if isinstance(index, int) else 0,
-                                          TextStream(self.kinds, self.counts))
-        original = holder.get(name)
-        text = stream.feed(original) if isinstance(original, str) else ""
-        if choice.get("finish_reason") is not None:
-            text += stream.flush()
-        if text == original or (original is None and not text):
-            return False
-        holder[name] = text
-        return True
+        index = index if isinstance(index, int) else 0
+        finishing = choice.get("finish_reason") is not None
+        changed = False
+        for name in names:
+            original = holder.get(name)
+            if not isinstance(original, str) and not (finishing and (index, name) in self._streams):
+                continue
+            stream = self._streams.setdefault((index, name), TextStream(self.kinds, self.counts))
+            text = stream.feed(original) if isinstance(original, str) else ""
+            if finishing:
+                text += stream.flush()
+            if text == original or (original is None and not text):
+                continue
+            holder[name] = text
+            changed = True
+        return changed
 
     def _closing(self) -> bytes:
         """An event with what every choice still holds back (before [DONE] or at the end)."""
-        held = {i: s.flush() for i, s in self._streams.items() if s.pending}
+        held: dict[int, dict[str, str]] = {}
+        for (index, name), s in sorted(self._streams.items()):
+            if s.pending:
+                held.setdefault(index, {})[name] = s.flush()
         if not held or self._template is None:
             return b""
         doc = dict(self._template)
+        chat = "delta" in (self._template["choices"][0] if self._template["choices"] else {})
         choices = []
-        for index, text in sorted(held.items()):
-            chat = "delta" in (self._template["choices"][0] if self._template["choices"] else {})
+        for index, texts in sorted(held.items()):
             piece: dict[str, Any] = {"index": index, "finish_reason": None}
-            piece.update({"delta": {"content": text}} if chat else {"text": text})
+            piece.update({"delta": texts} if chat else texts)
             choices.append(piece)
         doc["choices"] = choices
         doc.pop("usage", None)

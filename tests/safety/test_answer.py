@@ -94,6 +94,28 @@ def test_completions_stream_and_multiple_choices(split: int) -> None:
     assert texts == {0: "write to [redacted:email] today", 1: "call [redacted:phone]"}
 
 
+@pytest.mark.parametrize("field", ["reasoning_content", "reasoning"])
+def test_streamed_reasoning_is_redacted_apart_from_the_answer(field: str) -> None:
+    """A reasoning model streams its thinking in its own delta field, then the answer."""
+    thought = f"The user's card is {CARD}, I should not repeat it."
+    body = event({"role": "assistant", "content": ""})
+    body += b"".join(event({field: thought[i : i + 3]}) for i in range(0, len(thought), 3))
+    body += b"".join(event({"content": w}) for w in ("Your card ", CARD[:9], CARD[9:], " is on file."))
+    body += event({}, "stop") + b"data: [DONE]\n\n"
+    for cut in range(0, len(body) + 1, 5):
+        f = AnswerFilter("sse")
+        out = run(f, [body[:cut], body[cut:]])
+        reasoning = content = ""
+        for e in out.split(b"\n\n"):
+            if e.startswith(b"data: {"):
+                delta = orjson.loads(e[6:])["choices"][0]["delta"]
+                reasoning += delta.get(field) or ""
+                content += delta.get("content") or ""
+        assert reasoning == "The user's card is [redacted:card], I should not repeat it.", cut
+        assert content == REDACTED, cut
+        assert b"4111" not in out and dict(f.counts) == {"card": 2}
+
+
 def test_stream_cut_before_the_end_still_flushes_redacted() -> None:
     f = AnswerFilter("sse")
     out = run(f, [event({"content": "card 4111 1111 1111 1111"})])
@@ -108,6 +130,9 @@ def test_json_answer_redacted_and_untouched_without_a_match() -> None:
     assert orjson.loads(out)["choices"][0]["message"]["content"] == REDACTED
     clean = orjson.dumps({"choices": [{"message": {"content": "no secrets"}}]})
     assert run(AnswerFilter("json"), [clean]) == clean
+    thinking = orjson.dumps({"choices": [{"message": {"reasoning": TEXT, "content": "Done."}}]})
+    message = orjson.loads(run(AnswerFilter("json"), [thinking]))["choices"][0]["message"]
+    assert message["reasoning"] == REDACTED
 
 
 def test_usage_and_role_events_pass_unchanged() -> None:
