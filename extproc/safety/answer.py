@@ -61,6 +61,14 @@ def _text_slots(choice: dict[str, Any]) -> tuple[dict[str, Any], tuple[str, ...]
     return None
 
 
+def _without_logprobs(choice: dict[str, Any]) -> bool:
+    """Drop a choice's log probabilities: their tokens spell the text out, redacted or not."""
+    if choice.get("logprobs") is None:
+        return False
+    choice["logprobs"] = None
+    return True
+
+
 class AnswerFilter:
     """The body filter of one answer; `counts` holds the redactions made so far, by kind."""
 
@@ -101,6 +109,7 @@ class AnswerFilter:
         for choice in choices if isinstance(choices, list) else []:
             if not isinstance(choice, dict):
                 continue
+            changed |= _without_logprobs(choice)
             message = choice.get("message")
             holder = message if isinstance(message, dict) else choice
             for name in (*TEXT_FIELDS, "text"):
@@ -143,7 +152,7 @@ class AnswerFilter:
         changed = False
         for choice in doc["choices"]:
             if isinstance(choice, dict):
-                changed |= self._choice(choice)
+                changed |= _without_logprobs(choice) | self._choice(choice)
         if doc["choices"]:
             self._template = doc
         if not changed:

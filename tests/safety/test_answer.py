@@ -135,6 +135,17 @@ def test_json_answer_redacted_and_untouched_without_a_match() -> None:
     assert message["reasoning"] == REDACTED
 
 
+def test_log_probabilities_which_spell_the_answer_out_are_dropped() -> None:
+    tokens = {"content": [{"token": t, "logprob": -0.1, "top_logprobs": []} for t in ("411", "1")]}
+    doc = {"choices": [{"index": 0, "message": {"content": TEXT}, "logprobs": tokens}]}
+    choice = orjson.loads(run(AnswerFilter("json"), [orjson.dumps(doc)]))["choices"][0]
+    assert choice["logprobs"] is None and choice["message"]["content"] == REDACTED
+    piece = {"id": "c", "choices": [{"index": 0, "delta": {"content": CARD}, "logprobs": tokens,
+                                     "finish_reason": None}]}
+    out = run(AnswerFilter("sse"), [b"data: " + orjson.dumps(piece) + b"\n\n", b"data: [DONE]\n\n"])
+    assert b"411" not in out and b'"logprobs":null' in out
+
+
 def test_usage_and_role_events_pass_unchanged() -> None:
     role = event({"role": "assistant"})
     usage = b'data: {"id":"c1","choices":[],"usage":{"total_tokens":3}}\n\n'
