@@ -75,21 +75,31 @@ class Screen(Stage):
             (known if self.screener.known(t) else unseen).append(t)
         return texts[:cap] + known + (["\n\n".join(reversed(unseen))] if unseen else [])
 
-    def unreadable(self, ex: Exchange, mode: str) -> Reply | None:
-        """A prompt sent as token ids: forwarded unscreened for `monitor` (counted), refused
-        for `block`, whose screen would otherwise be one encoding away from switched off."""
+    def unchecked(self, ex: Exchange, mode: str, why: str) -> Reply | None:
+        """A request the screen could not check: forwarded for `monitor` (counted `skipped`),
+        refused for `block` (counted `why`), whose screen must not be off for want of a check."""
         if mode != "block":
             self.metrics.screen_verdicts.labels(mode, "skipped").inc()
             return None
-        self.metrics.screen_verdicts.labels(mode, "unreadable").inc()
+        self.metrics.screen_verdicts.labels(mode, why).inc()
+        if why == "unreadable":
+            return error_reply(
+                400,
+                "This tenant's prompts are screened for prompt injection, and a prompt sent as token "
+                f"ids cannot be screened: send it as text. Request id {ex.request_id}.",
+                param="prompt",
+                code="unscreenable_prompt",
+                headers={SHOULD_RETRY: "false"},
+                decision="screen_unreadable",
+            )
         return error_reply(
-            400,
-            "This tenant's prompts are screened for prompt injection, and a prompt sent as token "
-            f"ids cannot be screened: send it as text. Request id {ex.request_id}.",
-            param="prompt",
-            code="unscreenable_prompt",
-            headers={SHOULD_RETRY: "false"},
-            decision="screen_unreadable",
+            503,
+            "The gate's prompt screen could not check this request in time, and this tenant "
+            f"requires it. Retry shortly; request id {ex.request_id}.",
+            type="service_unavailable",
+            code="screen_unavailable",
+            headers={"retry-after": "1"},
+            decision="screen_unavailable",
         )
 
     async def on_request(self, ex: Exchange) -> Reply | None:
@@ -98,7 +108,7 @@ class Screen(Stage):
         if mode == "off" or self.screener is None:
             return None
         if token_array_count(payload):  # token ids: unreadable without the model's own tokenizer
-            return self.unreadable(ex, mode)
+            return self.unchecked(ex, mode, "unreadable")
         threshold = self.threshold(ex)
         score = 0.0
         shared = self._shared(ex)
@@ -106,19 +116,7 @@ class Screen(Stage):
             try:
                 score, vector = await self.screener.score(text, shared)
             except Exception:  # the embedder is down, shed or late
-                if mode != "block":
-                    self.metrics.screen_verdicts.labels(mode, "skipped").inc()
-                    return None
-                self.metrics.screen_verdicts.labels(mode, "unavailable").inc()
-                return error_reply(
-                    503,
-                    "The gate's prompt screen could not check this request in time, and this tenant "
-                    f"requires it. Retry shortly; request id {ex.request_id}.",
-                    type="service_unavailable",
-                    code="screen_unavailable",
-                    headers={"retry-after": "1"},
-                    decision="screen_unavailable",
-                )
+                return self.unchecked(ex, mode, "unavailable")
             if i == 0 and vector is not None and shared is not None:
                 ex.state[EMBEDDED] = (shared, text, vector)  # the cache's semantic lookup reuses it
             if score > threshold:
