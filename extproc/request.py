@@ -98,14 +98,16 @@ OVERRIDING_ROLES = ("system", "developer")
 def screened_texts(payload: dict[str, Any]) -> list[str]:
     """What the injection screen reads, newest first: every user message's text, and every
     system or developer message but a leading one (a system prompt that arrives mid-conversation
-    tries to override the one the application set); the prompt for completions."""
+    tries to override the one the application set); for completions, each prompt of the batch."""
     messages = payload.get("messages")
     if isinstance(messages, list):
         return [_any_text(m.get("content")) for i, m in reversed(list(enumerate(messages)))
                 if isinstance(m, dict) and (m.get("role") == "user"
                                             or (i > 0 and m.get("role") in OVERRIDING_ROLES))]
-    text = last_user_text(payload)
-    return [text] if text else []
+    prompt = payload.get("prompt")
+    if isinstance(prompt, list):
+        return [p for p in prompt if isinstance(p, str)]
+    return [prompt] if isinstance(prompt, str) and prompt else []
 
 
 def split_last(payload: dict[str, Any]) -> tuple[Any, str | None]:

@@ -43,6 +43,10 @@ Sources (label 1 = injection / jailbreak, 0 = benign):
 - `atec` (0, zh): ATEC customer-service questions (Alipay / Huabei), from ../shared/data/paraphrase.
 - `stsb-en`, `stsb-zh` (0): general sentences from STS-B.
 - `hard` (0, en+zh): hard benign cases written for this screen (load/screen/hard_benign.txt).
+- `instructions` (0, en): people's instructions to a model, as an application sends them
+  (yizhongw/self-instruct: its 175 seed tasks and 252 user-oriented instructions, each with
+  its first instance's input): "Summarise…", "Write Python code…", "Classify whether the
+  following email is spam". Questions alone, the benign side had none of this shape.
 
 Run `git clone` of each repository below at its commit into REPOS/<owner>/<name>.
 
@@ -88,7 +92,9 @@ REPOS = {
     "STAIR-BUPT/JailBench": "5f474072db5212602448c16558b6d449efbecd30",
     "romanlutz/PyRIT": "b06c6bca8aff0cb115d281763c74faa60b10b172",
     "mik0w/pallms": "bfedec0fa6cb8d44a73c730a02eeaac36aefd198",
+    "yizhongw/self-instruct": "0b26ccaa415992100fa32df62d41b994cf928e23",
 }
+INSTRUCTIONS = ["data/seed_tasks.jsonl", "human_eval/user_oriented_instructions.jsonl"]
 PROMPTMAP_KINDS = ("distraction", "jailbreak", "prompt_stealing")  # injections; not harmful/hate/social_bias
 LLMGUARD_TESTS = "tests/input_scanners/test_prompt_injection.py"
 JBB = [f"attack-artifacts/{method}/{kind}/{model}.json"
@@ -377,6 +383,18 @@ def injections(repos: Path, with_probes: bool = False) -> list[Sample]:
     return known + newer
 
 
+def instructions(repos: Path) -> list[str]:
+    """Each task's instruction, then its first instance's input when it has one."""
+    out = []
+    for path in INSTRUCTIONS:
+        for line in _show(repos, "yizhongw/self-instruct", path).splitlines():
+            if line.strip():
+                task = json.loads(line)
+                first = task["instances"][0]["input"].strip()
+                out.append(task["instruction"].strip() + (f"\n{first}" if first else ""))
+    return out
+
+
 def benign(repos: Path, paraphrase: Path, per_source: int, seed: int) -> list[Sample]:
     rng = random.Random(seed)
     clinc = json.loads(_show(repos, "clinc/oos-eval", "data/data_full.json"))
@@ -395,4 +413,5 @@ def benign(repos: Path, paraphrase: Path, per_source: int, seed: int) -> list[Sa
     hard = [ln.strip() for ln in lines if ln.strip() and not ln.startswith("#")]
     return (_samples(pick(clinc_texts), 0, "clinc") + _samples(pick(pairs("atec-zh.valid.tsv")), 0, "atec")
             + _samples(pick(pairs("stsb-en.train.tsv")), 0, "stsb-en")
-            + _samples(pick(pairs("stsb-zh.train.tsv")), 0, "stsb-zh") + _samples(hard, 0, "hard"))
+            + _samples(pick(pairs("stsb-zh.train.tsv")), 0, "stsb-zh") + _samples(hard, 0, "hard")
+            + _samples(instructions(repos), 0, "instructions"))

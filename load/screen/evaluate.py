@@ -145,6 +145,15 @@ def main() -> None:
               f"(all splits; {len(hard_test)} of {int((hard & test).sum())} in the test split, "
               "never trained on)."]
     lines += [f"- {t}" + (" (test split)" if t in hard_test else "") for t in missed]
+    asked = (src == "instructions") & (label == 0)
+    flagged_test = [s.text for s, sc in zip(samples, scores, strict=True)
+                    if s.source == "instructions" and s.split == "test" and sc > head.threshold]
+    n_flagged = int((scores[asked] > head.threshold).sum())
+    lines += ["", "People's instructions to a model (self-instruct's seed and user-oriented tasks) flagged "
+              f"at the shipped threshold: {n_flagged} of {int(asked.sum())} "
+              f"(all splits; {len(flagged_test)} of {int((asked & test).sum())} in the test split, never "
+              "trained on)."]
+    lines += [f"- {t[:120]!r}" for t in flagged_test]
     lines += ["", "Cost per screened text beyond the embedding (the unmasking, the n-grams of the whole "
               "text and the MLP on its vector; a masked text's second embedding not counted), one call "
               "at a time on this machine:", "",
