@@ -143,8 +143,14 @@ async def test_a_prompt_of_token_ids_is_refused_in_block_mode_and_counted_in_mon
 async def test_each_prompt_of_a_completions_batch_is_screened(screener: Screener) -> None:
     stage = Screen(ScreenConfig(mode="block"), screener, Metrics())
     ex = exchange("unused", path="/v1/completions")
-    padding = ["Write a haiku about autumn leaves and the long walk home. " * 6] * 20
-    ex.payload = {"model": "m", "prompt": [*padding[:10], JAILBREAK, *padding[10:]]}
+    topics = ["solar panels", "the bakery", "fleet fuel", "office rent", "cloud costs", "hiring", "returns",
+              "customer churn", "the mobile app", "shipping delays", "training budget", "the new branch",
+              "supplier prices", "energy use", "the help desk", "the warehouse", "marketing", "payroll",
+              "security audits", "the loyalty scheme"]
+    batch = [f"Summarise our notes on {t} for the quarterly meeting in three short bullet points, keep the "
+             f"tone neutral, and mention the main costs, the open risks and what the team plans next for {t}."
+             for t in topics]  # over 4,000 characters: joined, the middle would go unread
+    ex.payload = {"model": "m", "prompt": [*batch[:10], JAILBREAK, *batch[10:]]}
     reply = await stage.on_request(ex)
     assert reply is not None and reply.status == 400
 
