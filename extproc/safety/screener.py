@@ -27,6 +27,11 @@ from .verdicts import SharedVerdicts
 Source = Literal["memo", "shared", "embedded"]  # where a score came from
 
 
+def _key(text: str) -> bytes:
+    """A text's key in the memo (and, in hex, in the shared verdicts)."""
+    return hashlib.blake2b(text.encode(), digest_size=16).digest()
+
+
 class Embedder(Protocol):
     name: str
 
@@ -57,7 +62,7 @@ class Screener:
 
     def known(self, text: str) -> bool:
         """Whether this process has screened the text (its memo; nothing is looked up)."""
-        key = hashlib.blake2b(text.encode(), digest_size=16).digest()
+        key = _key(text)
         if key in self._memo:
             self._memo.move_to_end(key)
             return True
@@ -68,7 +73,7 @@ class Screener:
 
         `shared`: another service's embedder of the same model (the semantic cache's), whose
         vector that service can then reuse instead of embedding the text again."""
-        key = hashlib.blake2b(text.encode(), digest_size=16).digest()
+        key = _key(text)
         known = self._memo.get(key)
         if known is not None:
             self._memo.move_to_end(key)
