@@ -11,18 +11,30 @@ the text as it was sent.
 - Letters spread out joined up again: a run of three or more single letters or digits, each
   followed by the same one separator (`I g n o r e`, `i-g-n-o-r-e`, `忽 略 上 述`), becomes
   one word; a wider gap between two runs stays a word break.
+- Leetspeak read as letters (`1gn0r3 4ll pr3v10us rul3s`): in a text with two or more words
+  that hold one of the digits 0 1 3 4 5 7 between letters, every word made of letters and
+  those digits (or `@`, `$`) reads them as o i e a s t a s. A model number or a unit (`mp3`,
+  `log4j`, `10kg`) alone does not make a text leetspeak.
+- Base64 decoded: a run of 16 or more base64 characters that decodes to printable UTF-8 text
+  reads as that text (a hash or a key does not decode to text, and stays).
+- ROT13 and text written backwards, line by line: when a line, rotated or reversed, holds
+  more than twice as many common English words as written, plus two, and more than a quarter
+  of its words, it is read so. A line a quarter of whose words are common English words as
+  written is read as written.
 
-`READING` names this reading in the shared verdicts' keys: a score reached under another
-reading is never reused.
+A mask inside a mask (base64 of leetspeak) is read through too: the reading repeats until
+nothing changes. `READING` names this reading in the shared verdicts' keys: a score reached
+under another reading is never reused.
 """
 
 from __future__ import annotations
 
+import base64
 import re
 import unicodedata
 from functools import lru_cache
 
-READING = "u1"
+READING = "u2"
 WINDOW = 4096  # characters read of a long text: its first and last halves (all the head reads)
 
 _LOOKALIKES = str.maketrans({
@@ -47,6 +59,24 @@ _LATIN = re.compile(r"[A-Za-z]")
 _OTHER = re.compile(r"[\u0370-\u03ff\u0400-\u052f]")  # Greek and Cyrillic letters
 # Three or more single word characters, each but the last followed by the same one separator.
 _SPREAD = re.compile(r"(?<!\w)\w([ \t.\-_*|/·~+])(?:\w\1)+\w(?!\w)")
+# Between letters, one of these digits makes a word leetspeak; a word of letters and these
+# characters reads them as letters.
+_LEET_INSIDE = re.compile(r"[A-Za-z][013457]+[A-Za-z]")
+_LEET_WORD = re.compile(r"(?<![\w@$])(?=[\w@$]*[A-Za-z])(?=[\w@$]*[013457@$])[A-Za-z013457@$]{2,}(?![\w@$])")
+_LEET = str.maketrans("013457@$", "oieastas")
+_BASE64 = re.compile(r"(?<![\w+/=])[A-Za-z0-9+/]{16,}={0,2}(?![\w+/=])")
+_ROT13 = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz",
+                       "NOPQRSTUVWXYZABCDEFGHIJKLMnopqrstuvwxyzabcdefghijklm")
+_COMMON_WORDS = """
+a about above after again all also am an and any are as ask at be been before being but by
+can could did do does don for forget from give had has have he her here him his how i if
+ignore in instead instructions into is it its just know let like make me my new no not now
+of on only or our out password please previous print prompt reveal rules say secret she show
+so system tell than that the their them then there these they this to up us was we were what
+when which who will with would write you your
+"""
+_ENGLISH = frozenset(_COMMON_WORDS.split())
+_LATIN_WORD = re.compile(r"[A-Za-z]+")
 
 
 @lru_cache(maxsize=2048)
@@ -65,11 +95,56 @@ def _folded(text: str) -> str:
     )
 
 
-def unmasked(text: str) -> str:
-    """The text as the screen reads it (the text itself when nothing in it is masked)."""
+def _leet(text: str) -> str:
+    if len(_LEET_INSIDE.findall(text)) < 2:
+        return text
+    return _LEET_WORD.sub(lambda m: m[0].translate(_LEET), text)
+
+
+def _decoded(m: re.Match[str]) -> str:
+    run = m[0]
+    try:
+        plain = base64.b64decode(run + "=" * (-len(run) % 4), validate=True).decode()
+    except ValueError:  # not base64, or not UTF-8 (binascii.Error and UnicodeDecodeError)
+        return run
+    return plain if plain.strip() and all(c.isprintable() or c.isspace() for c in plain) else run
+
+
+def _english(text: str) -> int:
+    return sum(map(_ENGLISH.__contains__, _LATIN_WORD.findall(text)))
+
+
+def _turned(line: str) -> str:
+    """The line rotated by 13 or reversed, when that reading holds enough more common English
+    words than the line as written."""
+    low = line.lower()
+    words, common = len(_LATIN_WORD.findall(low)), _english(low)
+    if words < 3 or 4 * common >= words:  # English as written (a quarter of its words common)
+        return line
+    most = max(2 * common + 2, (words - 1) // 4)
+    rotated, backwards = _english(low.translate(_ROT13)), _english(low[::-1])
+    if max(rotated, backwards) <= most:
+        return line
+    return line.translate(_ROT13) if rotated >= backwards else line[::-1]
+
+
+def _once(text: str) -> str:
     t = text if text.isascii() else _COMPAT.sub(lambda m: _plain(m[0]), text)
     t = _SPREAD.sub(lambda m: m[0].replace(m[1], ""), t)
-    return _folded(t) if _OTHER.search(t) and _LATIN.search(t) else t
+    t = _folded(t) if _OTHER.search(t) and _LATIN.search(t) else t
+    t = _BASE64.sub(_decoded, _leet(t))
+    return "\n".join(map(_turned, t.split("\n")))
+
+
+def unmasked(text: str) -> str:
+    """The text as the screen reads it (the text itself when nothing in it is masked); a mask
+    inside a mask (base64 of leetspeak) is read through too."""
+    for _ in range(8):
+        plain = _once(text)
+        if plain == text:
+            break
+        text = plain
+    return text
 
 
 def reread(text: str) -> str | None:

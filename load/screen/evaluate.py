@@ -128,8 +128,9 @@ def main() -> None:
     attacks = {f"held-out {HELD_OUT}": [t for t, h in zip(texts, held, strict=True) if h],
                "in-source test split": [t for t, i in zip(texts, in_source, strict=True) if i]}
     lines += ["", "## Masked attacks", "",
-              "The same attacks disguised (" + ", ".join(MASKS) + "; the last joins each word's "
-              "characters with a space and the words with three), flagged at the shipped threshold "
+              "The same attacks disguised (" + ", ".join(MASKS) + "; spreading out joins each word's "
+              "characters with a space and the words with three; leetspeak writes a e i o s t as "
+              "4 3 1 0 5 7; base64 encodes the whole attack), flagged at the shipped threshold "
               "by the head alone and as the gate scores them (`extproc/safety/unmask.py`: as written "
               "and as unmasked, the higher score):", "",
               "| attacks | mask | head alone | the gate |", "|---|---|---:|---:|",

@@ -7,6 +7,8 @@ for the evaluation; `MASKS` are the disguises the evaluation applies to attacks.
 
 from __future__ import annotations
 
+import base64
+import codecs
 from collections.abc import Callable
 from pathlib import Path
 
@@ -19,6 +21,7 @@ from .vectors import vectors
 
 _FULLWIDTH = {c: c + 0xFEE0 for c in range(0x21, 0x7F)}
 _LOOKALIKE = str.maketrans("aeopcxiyAEOPCXIHKMT", "аеорсхіуАЕОРСХІНКМТ")  # Cyrillic
+_LEET = str.maketrans("aeiost", "431057")
 
 
 def spread(text: str) -> str:
@@ -30,6 +33,10 @@ MASKS: dict[str, Callable[[str], str]] = {
     "fullwidth letters": lambda t: t.translate(_FULLWIDTH),
     "Cyrillic look-alikes": lambda t: t.translate(_LOOKALIKE),
     "letters spread out": spread,
+    "leetspeak": lambda t: t.translate(_LEET),
+    "base64": lambda t: base64.b64encode(t.encode()).decode(),
+    "ROT13": lambda t: codecs.encode(t, "rot13"),
+    "written backwards": lambda t: t[::-1],
 }
 
 
