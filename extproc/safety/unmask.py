@@ -15,14 +15,15 @@ the text as it was sent.
   that hold one of the digits 0 1 3 4 5 7 between letters, every word made of letters and
   those digits (or `@`, `$`) reads them as o i e a s t a s. A model number or a unit (`mp3`,
   `log4j`, `10kg`) alone does not make a text leetspeak.
-- Base64 decoded: a run of 16 or more base64 characters that decodes to printable UTF-8 text
-  reads as that text (a hash or a key does not decode to text, and stays).
+- Base64 (standard or URL-safe) and hex decoded: a run of 16 or more such characters that
+  decodes to printable UTF-8 text reads as that text (a hash, a key or an identifier does not
+  decode to text, and stays).
 - ROT13 and text written backwards, line by line: when a line, rotated or reversed, holds
   more than twice as many common English words as written, plus two, and more than a quarter
   of its words, it is read so. A line a quarter of whose words are common English words as
   written is read as written.
 
-A mask inside a mask (base64 of leetspeak) is read through too: the reading repeats until
+A mask inside a mask (base64 of leetspeak, hex of base64) is read through too: the reading repeats until
 nothing changes. `READING` names this reading in the shared verdicts' keys: a score reached
 under another reading is never reused.
 """
@@ -64,7 +65,9 @@ _SPREAD = re.compile(r"(?<!\w)\w([ \t.\-_*|/·~+])(?:\w\1)+\w(?!\w)")
 _LEET_INSIDE = re.compile(r"[A-Za-z][013457]+[A-Za-z]")
 _LEET_WORD = re.compile(r"(?<![\w@$])(?=[\w@$]*[A-Za-z])(?=[\w@$]*[013457@$])[A-Za-z013457@$]{2,}(?![\w@$])")
 _LEET = str.maketrans("013457@$", "oieastas")
-_BASE64 = re.compile(r"(?<![\w+/=])[A-Za-z0-9+/]{16,}={0,2}(?![\w+/=])")
+_ENCODED = re.compile(r"(?<![\w+/=-])[\w+/-]{16,}={0,2}(?![\w+/=-])")  # base64 (URL-safe too) or hex
+_HEX = re.compile(r"(?:[0-9a-fA-F]{2})+")
+_URLSAFE = str.maketrans("-_", "+/")
 _ROT13 = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz",
                        "NOPQRSTUVWXYZABCDEFGHIJKLMnopqrstuvwxyzabcdefghijklm")
 _COMMON_WORDS = """
@@ -104,8 +107,12 @@ def _leet(text: str) -> str:
 def _decoded(m: re.Match[str]) -> str:
     run = m[0]
     try:
-        plain = base64.b64decode(run + "=" * (-len(run) % 4), validate=True).decode()
-    except ValueError:  # not base64, or not UTF-8 (binascii.Error and UnicodeDecodeError)
+        if _HEX.fullmatch(run):
+            raw = bytes.fromhex(run)
+        else:
+            raw = base64.b64decode(run.translate(_URLSAFE) + "=" * (-len(run) % 4), validate=True)
+        plain = raw.decode()
+    except ValueError:  # not base64 or hex, or not UTF-8 (binascii.Error, UnicodeDecodeError)
         return run
     return plain if plain.strip() and all(c.isprintable() or c.isspace() for c in plain) else run
 
@@ -132,13 +139,13 @@ def _once(text: str) -> str:
     t = text if text.isascii() else _COMPAT.sub(lambda m: _plain(m[0]), text)
     t = _SPREAD.sub(lambda m: m[0].replace(m[1], ""), t)
     t = _folded(t) if _OTHER.search(t) and _LATIN.search(t) else t
-    t = _BASE64.sub(_decoded, _leet(t))
+    t = _ENCODED.sub(_decoded, _leet(t))
     return "\n".join(map(_turned, t.split("\n")))
 
 
 def unmasked(text: str) -> str:
     """The text as the screen reads it (the text itself when nothing in it is masked); a mask
-    inside a mask (base64 of leetspeak) is read through too."""
+    inside a mask (base64 of leetspeak, hex of base64) is read through too."""
     for _ in range(8):
         plain = _once(text)
         if plain == text:

@@ -130,7 +130,7 @@ def main() -> None:
     lines += ["", "## Masked attacks", "",
               "The same attacks disguised (" + ", ".join(MASKS) + "; spreading out joins each word's "
               "characters with a space and the words with three; leetspeak writes a e i o s t as "
-              "4 3 1 0 5 7; base64 encodes the whole attack), flagged at the shipped threshold "
+              "4 3 1 0 5 7; base64 and hex encode the whole attack), flagged at the shipped threshold "
               "by the head alone and as the gate scores them (`extproc/safety/unmask.py`: as written "
               "and as unmasked, the higher score):", "",
               "| attacks | mask | head alone | the gate |", "|---|---|---:|---:|",

@@ -35,6 +35,7 @@ MASKS: dict[str, Callable[[str], str]] = {
     "letters spread out": spread,
     "leetspeak": lambda t: t.translate(_LEET),
     "base64": lambda t: base64.b64encode(t.encode()).decode(),
+    "hex": lambda t: t.encode().hex(),
     "ROT13": lambda t: codecs.encode(t, "rot13"),
     "written backwards": lambda t: t[::-1],
 }

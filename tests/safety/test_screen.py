@@ -204,7 +204,7 @@ async def test_a_system_prompt_sent_mid_conversation_is_screened_and_the_leading
 
 
 @pytest.mark.parametrize("mask", ["Cyrillic look-alikes", "letters spread out", "leetspeak", "base64",
-                                  "ROT13", "written backwards"])
+                                  "hex", "ROT13", "written backwards"])
 async def test_a_masked_injection_is_read_through(screener: Screener, mask: str) -> None:
     masked = MASKS[mask](JAILBREAK)
     as_written = screener.head.score(await screener.embedder.embed(masked), masked)
