@@ -511,7 +511,12 @@ class Metrics:
         self.screen_masked = Counter(
             "gate_screen_masked",
             "Texts the injection screen also scored unmasked: look-alike, fullwidth or spread-out "
-            "letters (a second embedding each).",
+            "letters, leetspeak, base64, hex, ROT13, backwards (a second embedding each).",
+            registry=r,
+        )
+        self.screen_pieces = Counter(
+            "gate_screen_pieces",
+            "Pieces of long texts the injection screen also scored (an embedding each).",
             registry=r,
         )
 

@@ -26,6 +26,7 @@ from .ratelimit.store import MemoryStore as MemoryLimits
 from .ratelimit.store import RedisStore as RedisLimits
 from .redis_client import Client
 from .redis_conn import StoreGuard, connect
+from .safety.pieces import PIECES
 from .safety.screener import Screener
 from .safety.unmask import READING
 from .safety.verdicts import SharedVerdicts
@@ -181,7 +182,9 @@ def _screener(
     screener = Screener.build(c)
     screener.on_score = lambda source: metrics.screen_scores.labels(source).inc()
     screener.on_masked = metrics.screen_masked.inc
+    screener.on_pieces = metrics.screen_pieces.inc
     if redis is not None and c.shared_ttl_s > 0:
-        prefix = f"{c.key_prefix}{screener.head.fingerprint()}{READING}:"  # a new head or reading: new keys
+        # A new head or a new way of reading a text: new keys.
+        prefix = f"{c.key_prefix}{screener.head.fingerprint()}{READING}{PIECES}:"
         screener.shared = SharedVerdicts(redis, store, tasks, prefix, int(c.shared_ttl_s * 1000))
     return screener

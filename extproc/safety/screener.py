@@ -1,8 +1,8 @@
 """The screen's service: the embedder, the head, and the verdicts already reached.
 
 Lives as long as the process's config. A text written to slip past the screen (look-alike
-letters, letters spread out: `unmask.py`) is scored as written and as unmasked, the higher
-score counting. A text screened once keeps its score in a bounded
+letters, leetspeak, base64, ...: `unmask.py`) is scored as written and as unmasked, and a long
+one in pieces too (`pieces.py`), the highest score counting. A text screened once keeps its score in a bounded
 memo keyed by the text's hash, so an exact repeat pays no embedding; with a shared store the
 score is kept there too (`verdicts.py`), so no other gate process embeds that text again.
 """
@@ -20,8 +20,9 @@ import numpy as np
 from ..cache.setup import ensure_model
 from ..config import Screen as ScreenConfig
 from ..embed import BatchingEmbedder, default_model_dir, shared_embedder
+from .pieces import pieces
 from .screen import EMBEDDER, HEAD_FILE, MAX_TOKENS, Head, load_head
-from .unmask import reread
+from .unmask import reread, window
 from .verdicts import SharedVerdicts
 
 Source = Literal["memo", "shared", "embedded"]  # where a score came from
@@ -51,6 +52,7 @@ class Screener:
         self.shared: SharedVerdicts | None = None  # set when the gate shares a store
         self.on_score: Callable[[Source], None] = lambda source: None
         self.on_masked: Callable[[], None] = lambda: None
+        self.on_pieces: Callable[[int], None] = lambda n: None
 
     @classmethod
     def build(cls, config: ScreenConfig, workers: int = 1) -> Screener:
@@ -86,12 +88,19 @@ class Screener:
                 self.on_score("shared")
                 return known, None
         plain = reread(text)
+        parts = pieces(window(text) if plain is None else plain)
+        # The readings beside the text as written: unmasked, and a long text's pieces.
+        others = ([] if plain is None else [plain]) + parts
         async with asyncio.timeout(self.timeout_s):
             vector = await (shared or self.embedder).embed(text)
             value = self.head.score(vector, text)
-            if plain is not None:  # masked: the higher of the two readings (a second embedding)
-                self.on_masked()
-                value = max(value, self.head.score(await self.embedder.embed(plain), plain))
+            if others:  # the highest score of every reading counts; one batch of embeddings
+                vectors = await asyncio.gather(*(self.embedder.embed(t) for t in others))
+                value = max(value, *(self.head.score(v, t) for v, t in zip(vectors, others, strict=True)))
+        if plain is not None:
+            self.on_masked()
+        if parts:
+            self.on_pieces(len(parts))
         self._remember(key, value)
         if self.shared is not None:
             self.shared.put(key.hex(), value)

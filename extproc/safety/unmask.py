@@ -154,9 +154,14 @@ def unmasked(text: str) -> str:
     return text
 
 
+def window(text: str) -> str:
+    """What the screen reads of a text: all of it, or a long text's first and last halves."""
+    return text if len(text) <= WINDOW else text[: WINDOW // 2] + " " + text[-WINDOW // 2 :]
+
+
 def reread(text: str) -> str | None:
-    """The unmasked reading of what the screen reads of the text (a long text's two ends), or
-    None when it reads the same: then the text needs no second score."""
-    view = text if len(text) <= WINDOW else text[: WINDOW // 2] + " " + text[-WINDOW // 2 :]
+    """The unmasked reading of what the screen reads of the text (`window`), or None when it
+    reads the same: then the text needs no second score."""
+    view = window(text)
     plain = unmasked(view)
     return plain if plain != view else None

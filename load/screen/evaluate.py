@@ -10,17 +10,19 @@ text was trained on; a 0.7% threshold over 528 texts is set by the fourth highes
 
 from __future__ import annotations
 
+import random
 import time
 from pathlib import Path
 
 import numpy as np
 
+from extproc.safety.pieces import SIZE as PIECE
 from extproc.safety.screen import HEAD_FILE, load_head
 from extproc.safety.unmask import reread
 
 from .data import HELD_OUT
 from .fit import detection_at
-from .masks import MASKS, as_screened, table
+from .masks import MASKS, as_screened, padding_table, table
 from .train import arguments, dataset
 from .vectors import embedder
 
@@ -28,6 +30,7 @@ OUT = Path(__file__).resolve().parents[1] / "results" / "screen_eval.md"
 FPRS = (0.001, 0.007, 0.01, 0.05)
 REFERENCE_PER_SOURCE = 10_000
 BOOTSTRAP = 1000
+PADDED = 150  # attacks drawn for the padding table
 
 
 def interval(pos: np.ndarray, neg: np.ndarray, fpr: float, seed: int) -> tuple[float, float]:
@@ -137,6 +140,22 @@ def main() -> None:
               *table(head, attacks, args.cache), "",
               f"Benign test texts the unmasking reads differently (each pays a second embedding): "
               f"{reread_n} of {len(benign_test):,}."]
+    rng = random.Random(args.seed)
+    some = {f"held-out {HELD_OUT}, a draw": rng.sample(attacks[f"held-out {HELD_OUT}"], PADDED),
+            "in-source test split, a draw": rng.sample(attacks["in-source test split"], PADDED)}
+    ordinary = {name: [t for t, m in zip(texts, ref_mask, strict=True) if m] for name, ref_mask in (
+        ("customer-service questions", ref["en customer service (CLINC150)"]),
+        ("zh customer-service questions", ref["zh customer service (ATEC)"]),
+        ("general sentences (STS-B en)", (src == "stsb-en") & test),
+        ("people's instructions", src == "instructions"))}
+    lines += ["", "## Attacks behind ordinary text", "",
+              f"{PADDED} attacks of each kind alone, then behind, before and between ordinary customer-"
+              "service questions (CLINC150 test split, drawn at random); and long texts made of "
+              "ordinary ones alone (200 each). Flagged at the shipped threshold when the text is read "
+              "whole (as the gate did before) and as the gate reads it now: whole, unmasked and, "
+              f"beyond {PIECE} characters, in pieces of at most {PIECE} (`extproc/safety/pieces.py`).", "",
+              "| texts | how | read whole | the gate |", "|---|---|---:|---:|",
+              *padding_table(head, some, ordinary, args.cache, args.seed)]
     hard = (src == "hard") & (label == 0)
     missed = [s.text for s, sc in zip(samples, scores, strict=True)
               if s.source == "hard" and sc > head.threshold]

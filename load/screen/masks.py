@@ -1,7 +1,8 @@
 """Attacks written to slip past the screen, and the scores the gate gives texts.
 
-The gate scores a text as written and, when `extproc.safety.unmask` reads it differently, as
-unmasked too; the higher score counts (`Screener.score`). `as_screened` gives the same scores
+The gate scores a text as written, as unmasked when `extproc.safety.unmask` reads it
+differently, and in pieces when it is long (`extproc.safety.pieces`); the highest score counts
+(`Screener.score`). `as_screened` gives the same scores
 for the evaluation; `MASKS` are the disguises the evaluation applies to attacks.
 """
 
@@ -9,13 +10,15 @@ from __future__ import annotations
 
 import base64
 import codecs
+import random
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
+from extproc.safety.pieces import pieces
 from extproc.safety.screen import Head
-from extproc.safety.unmask import reread
+from extproc.safety.unmask import reread, window
 
 from .vectors import vectors
 
@@ -41,15 +44,22 @@ MASKS: dict[str, Callable[[str], str]] = {
 }
 
 
-def as_screened(head: Head, texts: list[str], x: np.ndarray, cache: Path) -> np.ndarray:
-    """Each text's score as the gate reaches it (`x`: the texts' own vectors)."""
+def as_screened(head: Head, texts: list[str], x: np.ndarray, cache: Path,
+                in_pieces: bool = True) -> np.ndarray:
+    """Each text's score as the gate reaches it (`x`: the texts' own vectors): the highest of
+    the text as written, its unmasked reading and a long text's pieces (`Screener.score`;
+    `in_pieces=False`: as the gate scored before it read long texts in pieces)."""
     scores = head.scores(x, texts if head.lex is not None else None)
-    readings = [reread(t) for t in texts]
-    masked = [i for i, r in enumerate(readings) if r is not None]
-    if masked:
-        plain = [r for r in readings if r is not None]
-        again = head.scores(vectors(plain, cache), plain if head.lex is not None else None)
-        scores[masked] = np.maximum(scores[masked], again)
+    owner, others = [], []
+    for i, text in enumerate(texts):
+        plain = reread(text)
+        parts = pieces(window(text) if plain is None else plain) if in_pieces else []
+        for reading in ([] if plain is None else [plain]) + parts:
+            owner.append(i)
+            others.append(reading)
+    if others:
+        again = head.scores(vectors(others, cache), others if head.lex is not None else None)
+        np.maximum.at(scores, np.array(owner), again)
     return scores
 
 
@@ -65,4 +75,51 @@ def table(head: Head, attacks: dict[str, list[str]], cache: Path) -> list[str]:
             gate = as_screened(head, shown, x, cache)
             rows.append(f"| {name} ({len(texts)}) | {mask} | {(alone > head.threshold).mean():.1%} "
                         f"| {(gate > head.threshold).mean():.1%} |")
+    return rows
+
+
+PADDING = (300, 1000, 3000)  # characters of ordinary text around an attack
+
+
+def _filler(pool: list[str], chars: int, rng: random.Random) -> str:
+    out: list[str] = []
+    while sum(len(t) + 1 for t in out) < chars:
+        out.append(rng.choice(pool))
+    return " ".join(out)
+
+
+def padded(attacks: list[str], pool: list[str], seed: int) -> dict[str, list[str]]:
+    """The attacks behind, before and between ordinary texts drawn from `pool`."""
+    rng = random.Random(seed)
+    out: dict[str, list[str]] = {}
+    for n in PADDING:
+        out[f"behind {n:,} characters"] = [_filler(pool, n, rng) + "\n\n" + t for t in attacks]
+        out[f"before {n:,} characters"] = [t + "\n\n" + _filler(pool, n, rng) for t in attacks]
+        out[f"between two of {n:,}"] = [_filler(pool, n, rng) + "\n\n" + t + "\n\n" + _filler(pool, n, rng)
+                                        for t in attacks]
+    return out
+
+
+def padding_table(head: Head, attacks: dict[str, list[str]], benign: dict[str, list[str]], cache: Path,
+                  seed: int) -> list[str]:
+    """Markdown rows: attacks among ordinary questions, and long ordinary texts alone, flagged
+    at the head's threshold read whole (as before) and as the gate reads them."""
+    rng = random.Random(seed)
+    pool = benign["customer-service questions"]
+    rows = []
+
+    def row(name: str, how: str, texts: list[str]) -> str:
+        x = vectors(texts, cache)
+        whole = as_screened(head, texts, x, cache, in_pieces=False)
+        gate = as_screened(head, texts, x, cache)
+        label = f"{name} ({len(texts)})" if name else ""
+        return (f"| {label} | {how} | {(whole > head.threshold).mean():.1%} "
+                f"| {(gate > head.threshold).mean():.1%} |")
+
+    for name, texts in attacks.items():
+        rows.append(row(name, "alone", texts))
+        rows += [row("", how, shown) for how, shown in padded(texts, pool, seed).items()]
+    for name, texts in benign.items():
+        rows += [row(f"benign: {name}", f"{n:,} characters of them",
+                     [_filler(texts, n, rng) for _ in range(200)]) for n in PADDING[1:]]
     return rows

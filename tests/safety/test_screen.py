@@ -10,8 +10,10 @@ from extproc.config import Config
 from extproc.config import Screen as ScreenConfig
 from extproc.exchange import EMBEDDED, Exchange
 from extproc.metrics import Metrics
+from extproc.safety.pieces import pieces
 from extproc.safety.screen import LEX_EDGE, Head, lexical_ids, load_head
 from extproc.safety.screener import Screener
+from extproc.safety.unmask import reread
 from extproc.services import Services
 from extproc.stages.screen import Screen
 from load.screen.masks import MASKS
@@ -214,6 +216,30 @@ async def test_a_masked_injection_is_read_through(screener: Screener, mask: str)
     assert reply is not None and reply.status == 400
 
 
+QUESTIONS = ("How do I reset my card? What is my balance this month? Where is my parcel? Can I change my "
+             "delivery address? Why was I charged twice? ") * 8
+
+
+async def test_an_injection_behind_ordinary_questions_is_read_in_pieces(model_dir: Path) -> None:
+    config = Config.model_validate({"screen": {"mode": "block", "model_dir": str(model_dir)}})
+    services = Services.build(config, Metrics())
+    try:
+        screener = services.screener
+        assert screener is not None
+        hidden = QUESTIONS + JAILBREAK
+        whole = screener.head.score(await screener.embedder.embed(hidden), hidden)
+        assert whole < screener.threshold  # read whole, the questions drown it out
+        stage = Screen(ScreenConfig(mode="block"), screener, services.metrics)
+        for text in (hidden, JAILBREAK + " " + QUESTIONS, QUESTIONS + JAILBREAK + " " + QUESTIONS):
+            reply = await stage.on_request(exchange(text))
+            assert reply is not None and reply.status == 400, text[:80]
+        assert (services.metrics.registry.get_sample_value("gate_screen_pieces_total") or 0) >= 3
+        # Long ordinary text alone is not refused.
+        assert await stage.on_request(exchange(QUESTIONS + QUESTIONS)) is None
+    finally:
+        await services.aclose()
+
+
 async def test_only_a_masked_text_pays_a_second_embedding_and_is_counted(model_dir: Path) -> None:
     config = Config.model_validate({"screen": {"mode": "block", "model_dir": str(model_dir)}})
     services = Services.build(config, Metrics())
@@ -222,9 +248,14 @@ async def test_only_a_masked_text_pays_a_second_embedding_and_is_counted(model_d
         assert screener is not None
         await screener.score("Where is my parcel? I ordered shoes last week.")
         assert screener.embedder.stats.texts == 1
-        score, _ = await screener.score(MASKS["letters spread out"](JAILBREAK))
-        assert score > screener.threshold and screener.embedder.stats.texts == 3
+        masked = MASKS["letters spread out"](JAILBREAK)
+        plain = reread(masked)
+        assert plain is not None
+        score, _ = await screener.score(masked)
+        # As written, as unmasked, and the unmasked reading's pieces (it is long).
+        assert score > screener.threshold and screener.embedder.stats.texts == 3 + len(pieces(plain))
         assert services.metrics.registry.get_sample_value("gate_screen_masked_total") == 1
+        assert services.metrics.registry.get_sample_value("gate_screen_pieces_total") == len(pieces(plain))
     finally:
         await services.aclose()
 
