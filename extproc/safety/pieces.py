@@ -2,9 +2,9 @@
 
 The head reads a text's first `MAX_TOKENS` tokens with the embedding and averages its n-grams
 over the whole text, so an instruction behind a few hundred characters of ordinary questions
-scores as the questions do: held-in attacks flagged 71% alone, 15% behind 300 characters of
-customer-service questions, 0% behind 1,000 (`load/results/screen_eval.md`, "Attacks behind
-ordinary text"). A text longer than `SIZE` characters is therefore also read in pieces of at
+scores as the questions do: held-out attacks were flagged 67% alone, 21% behind 300
+characters of customer-service questions and 0% behind 1,000 (`load/results/screen_eval.md`,
+"Attacks behind ordinary text"). A text longer than `SIZE` characters is therefore also read in pieces of at
 most `SIZE`, cut where sentences and lines end (a longer sentence at a space, Chinese at `SIZE`),
 and scored as the highest of its readings: one embedding more per piece, all of a text's
 pieces in one batch.

@@ -2,9 +2,10 @@
 
 Lives as long as the process's config. A text written to slip past the screen (look-alike
 letters, leetspeak, base64, ...: `unmask.py`) is scored as written and as unmasked, and a long
-one in pieces too (`pieces.py`), the highest score counting. A text screened once keeps its score in a bounded
-memo keyed by the text's hash, so an exact repeat pays no embedding; with a shared store the
-score is kept there too (`verdicts.py`), so no other gate process embeds that text again.
+one in pieces too (`pieces.py`), the highest score counting. A text screened once keeps its
+score in a bounded memo keyed by the text's hash, so an exact repeat pays no embedding; with
+a shared store the score is kept there too (`verdicts.py`), so no other gate process embeds
+that text again.
 """
 
 from __future__ import annotations
@@ -31,6 +32,13 @@ Source = Literal["memo", "shared", "embedded"]  # where a score came from
 def _key(text: str) -> bytes:
     """A text's key in the memo (and, in hex, in the shared verdicts)."""
     return hashlib.blake2b(text.encode(), digest_size=16).digest()
+
+
+def readings(text: str) -> tuple[str | None, list[str]]:
+    """The readings scored beside the text as written: its unmasked reading (None when it reads
+    the same) and, when long, the pieces of what the screen reads of it."""
+    plain = reread(text)
+    return plain, pieces(window(text) if plain is None else plain)
 
 
 class Embedder(Protocol):
@@ -87,9 +95,7 @@ class Screener:
                 self._remember(key, known)
                 self.on_score("shared")
                 return known, None
-        plain = reread(text)
-        parts = pieces(window(text) if plain is None else plain)
-        # The readings beside the text as written: unmasked, and a long text's pieces.
+        plain, parts = readings(text)
         others = ([] if plain is None else [plain]) + parts
         async with asyncio.timeout(self.timeout_s):
             vector = await (shared or self.embedder).embed(text)

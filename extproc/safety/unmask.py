@@ -23,9 +23,9 @@ the text as it was sent.
   of its words, it is read so. A line a quarter of whose words are common English words as
   written is read as written.
 
-A mask inside a mask (base64 of leetspeak, hex of base64) is read through too: the reading repeats until
-nothing changes. `READING` names this reading in the shared verdicts' keys: a score reached
-under another reading is never reused.
+A mask inside a mask (base64 of leetspeak, hex of base64) is read through too: the reading
+repeats until nothing changes. `READING` names this reading in the shared verdicts' keys: a
+score reached under another reading is never reused.
 """
 
 from __future__ import annotations

@@ -16,9 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
-from extproc.safety.pieces import pieces
 from extproc.safety.screen import Head
-from extproc.safety.unmask import reread, window
+from extproc.safety.screener import readings
 
 from .vectors import vectors
 
@@ -52,9 +51,8 @@ def as_screened(head: Head, texts: list[str], x: np.ndarray, cache: Path,
     scores = head.scores(x, texts if head.lex is not None else None)
     owner, others = [], []
     for i, text in enumerate(texts):
-        plain = reread(text)
-        parts = pieces(window(text) if plain is None else plain) if in_pieces else []
-        for reading in ([] if plain is None else [plain]) + parts:
+        plain, parts = readings(text)
+        for reading in ([] if plain is None else [plain]) + (parts if in_pieces else []):
             owner.append(i)
             others.append(reading)
     if others:
