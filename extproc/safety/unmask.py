@@ -18,10 +18,11 @@ the text as it was sent.
 - Base64 (standard or URL-safe) and hex decoded: a run of 16 or more such characters that
   decodes to printable UTF-8 text reads as that text (a hash, a key or an identifier does not
   decode to text, and stays).
-- ROT13 and text written backwards, line by line: when a line, rotated or reversed, holds
-  more than twice as many common English words as written, plus two, and more than a quarter
-  of its words, it is read so. A line a quarter of whose words are common English words as
-  written is read as written.
+- ROT13 and text written backwards, clause by clause (a line, or its part up to a `:` `.`
+  `!` `?` `;` `,` and a space): when a clause, rotated or reversed, holds more than twice as
+  many common English words as written, plus two, and more than a quarter of its words, it
+  is read so. A clause a quarter of whose words are common English words as written is read
+  as written.
 
 A mask inside a mask (base64 of leetspeak, hex of base64) is read through too: the reading
 repeats until nothing changes. `READING` names this reading in the shared verdicts' keys: a
@@ -80,6 +81,7 @@ when which who will with would write you your
 """
 _ENGLISH = frozenset(_COMMON_WORDS.split())
 _LATIN_WORD = re.compile(r"[A-Za-z]+")
+_CLAUSE = re.compile(r"((?<=[:.!?;,])\s+|\n)")  # where a cover phrase ends ("Do this: Vtaber nyy …")
 
 
 @lru_cache(maxsize=2048)
@@ -121,18 +123,21 @@ def _english(text: str) -> int:
     return sum(map(_ENGLISH.__contains__, _LATIN_WORD.findall(text)))
 
 
-def _turned(line: str) -> str:
-    """The line rotated by 13 or reversed, when that reading holds enough more common English
-    words than the line as written."""
-    low = line.lower()
-    words, common = len(_LATIN_WORD.findall(low)), _english(low)
-    if words < 3 or 4 * common >= words:  # English as written (a quarter of its words common)
-        return line
+def _turned(clause: str) -> str:
+    """The clause rotated by 13 or reversed, when that reading holds enough more common English
+    words than the clause as written."""
+    low = clause.lower()
+    found = _LATIN_WORD.findall(low)
+    if len(found) < 3:
+        return clause
+    words, common = len(found), sum(map(_ENGLISH.__contains__, found))
+    if 4 * common >= words:  # English as written (a quarter of its words common)
+        return clause
     most = max(2 * common + 2, (words - 1) // 4)
     rotated, backwards = _english(low.translate(_ROT13)), _english(low[::-1])
     if max(rotated, backwards) <= most:
-        return line
-    return line.translate(_ROT13) if rotated >= backwards else line[::-1]
+        return clause
+    return clause.translate(_ROT13) if rotated >= backwards else clause[::-1]
 
 
 def _once(text: str) -> str:
@@ -140,7 +145,8 @@ def _once(text: str) -> str:
     t = _SPREAD.sub(lambda m: m[0].replace(m[1], ""), t)
     t = _folded(t) if _OTHER.search(t) and _LATIN.search(t) else t
     t = _ENCODED.sub(_decoded, _leet(t))
-    return "\n".join(map(_turned, t.split("\n")))
+    parts = _CLAUSE.split(t)  # clauses, then the breaks between them
+    return "".join(_turned(part) if i % 2 == 0 else part for i, part in enumerate(parts))
 
 
 def unmasked(text: str) -> str:
