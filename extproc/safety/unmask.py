@@ -18,11 +18,11 @@ the text as it was sent.
 - Base64 (standard or URL-safe) and hex decoded: a run of 16 or more such characters that
   decodes to printable UTF-8 text reads as that text (a hash, a key or an identifier does not
   decode to text, and stays).
-- ROT13 and text written backwards, clause by clause (a line, or its part up to a `:` `.`
-  `!` `?` `;` `,` and a space): when a clause, rotated or reversed, holds more than twice as
-  many common English words as written, plus two, and more than a quarter of its words, it
-  is read so. A clause a quarter of whose words are common English words as written is read
-  as written.
+- ROT13 and text written backwards, line by line, and in a line that does not turn whole,
+  clause by clause (its parts up to a `:` `.` `!` `?` `;` `,` and a space): when a line or
+  clause, rotated or reversed, holds more than twice as many common English words as written,
+  plus two, and more than a quarter of its words, it is read so. One a quarter of whose words
+  are common English words as written is read as written.
 
 A mask inside a mask (base64 of leetspeak, hex of base64) is read through too: the reading
 repeats until nothing changes. `READING` names this reading in the shared verdicts' keys: a
@@ -81,7 +81,7 @@ when which who will with would write you your
 """
 _ENGLISH = frozenset(_COMMON_WORDS.split())
 _LATIN_WORD = re.compile(r"[A-Za-z]+")
-_CLAUSE = re.compile(r"((?<=[:.!?;,])\s+|\n)")  # where a cover phrase ends ("Do this: Vtaber nyy …")
+_CLAUSE = re.compile(r"((?<=[:.!?;,])\s+)")  # where a cover phrase ends ("Do this: Vtaber nyy …")
 
 
 @lru_cache(maxsize=2048)
@@ -145,7 +145,15 @@ def _once(text: str) -> str:
     t = _SPREAD.sub(lambda m: m[0].replace(m[1], ""), t)
     t = _folded(t) if _OTHER.search(t) and _LATIN.search(t) else t
     t = _ENCODED.sub(_decoded, _leet(t))
-    parts = _CLAUSE.split(t)  # clauses, then the breaks between them
+    return "\n".join(map(_turned_line, t.split("\n")))
+
+
+def _turned_line(line: str) -> str:
+    """The line turned whole, or else clause by clause (a cover phrase before the mask)."""
+    turned = _turned(line)
+    if turned != line:
+        return turned
+    parts = _CLAUSE.split(line)  # clauses, then the breaks between them
     return "".join(_turned(part) if i % 2 == 0 else part for i, part in enumerate(parts))
 
 
