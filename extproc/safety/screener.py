@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Literal, Protocol
 
 import numpy as np
@@ -39,6 +39,18 @@ def readings(text: str) -> tuple[str | None, list[str]]:
     the same) and, when long, the pieces of what the screen reads of it."""
     plain = reread(text)
     return plain, pieces(window(text) if plain is None else plain)
+
+
+async def _all(calls: Iterable[Awaitable[np.ndarray]]) -> list[np.ndarray]:
+    """Every call's result; when one fails, the others are cancelled (their texts leave the
+    embedder's queue) before the failure is raised."""
+    tasks = [asyncio.ensure_future(c) for c in calls]
+    try:
+        return await asyncio.gather(*tasks)
+    except BaseException:
+        for t in tasks:
+            t.cancel()
+        raise
 
 
 class Embedder(Protocol):
@@ -101,7 +113,7 @@ class Screener:
             vector = await (shared or self.embedder).embed(text)
             value = self.head.score(vector, text)
             if others:  # the highest score of every reading counts; one batch of embeddings
-                vectors = await asyncio.gather(*(self.embedder.embed(t) for t in others))
+                vectors = await _all(self.embedder.embed(t) for t in others)
                 value = max(value, *(self.head.score(v, t) for v, t in zip(vectors, others, strict=True)))
         if plain is not None:
             self.on_masked()

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -238,6 +239,40 @@ async def test_an_injection_behind_ordinary_questions_is_read_in_pieces(model_di
         assert await stage.on_request(exchange(QUESTIONS + QUESTIONS)) is None
     finally:
         await services.aclose()
+
+
+class _ShedSecond:
+    """An embedder that answers the text as written, sheds the first of its other readings and
+    holds the rest (as a loaded embedder's queue would)."""
+
+    name = "e5-small"
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.cancelled = 0
+
+    async def embed(self, text: str) -> np.ndarray:
+        self.calls += 1
+        if self.calls == 1:
+            return np.zeros(384)
+        if self.calls == 2:
+            raise RuntimeError("shed: queue full")
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            self.cancelled += 1
+            raise
+        return np.zeros(384)
+
+
+async def test_a_failed_reading_takes_the_texts_other_readings_out_of_the_queue(screener: Screener) -> None:
+    stub = _ShedSecond()
+    shed = Screener(ScreenConfig(mode="block", memo_size=0), stub, screener.head)  # type: ignore[arg-type]
+    long = QUESTIONS + JAILBREAK
+    with pytest.raises(RuntimeError):
+        await shed.score(long)
+    await asyncio.sleep(0)
+    assert stub.calls == 1 + len(pieces(long)) and stub.cancelled == stub.calls - 2
 
 
 async def test_only_a_masked_text_pays_a_second_embedding_and_is_counted(model_dir: Path) -> None:
