@@ -1,7 +1,8 @@
 """Background tasks of one gate process: each one kept, its failure counted, all stopped together.
 
 A bare `create_task` whose result nobody reads can be garbage-collected mid-flight and
-loses its exception; every background task of the gate goes through `Tasks.spawn`.
+loses its exception; every background task of the gate goes through `Tasks.spawn`, and
+calls awaited together through `all_or_none`.
 """
 
 from __future__ import annotations
@@ -9,14 +10,27 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Coroutine
-from typing import Any
+from collections.abc import Awaitable, Callable, Coroutine, Iterable
+from typing import Any, TypeVar
 
 from .metrics import Metrics
 
 log = logging.getLogger("llm_gate.tasks")
 CANCEL_ROUNDS = 20
 CANCEL_WAIT_S = 0.25
+T = TypeVar("T")
+
+
+async def all_or_none(calls: Iterable[Awaitable[T]]) -> list[T]:
+    """Every call's result, run together; when one fails, the others are cancelled before the
+    failure is raised, so nothing a request started runs on for nobody."""
+    tasks = [asyncio.ensure_future(c) for c in calls]
+    try:
+        return await asyncio.gather(*tasks)
+    except BaseException:
+        for t in tasks:
+            t.cancel()
+        raise
 
 
 class Tasks:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Callable
 from typing import Literal, Protocol
 
 import numpy as np
@@ -21,6 +21,7 @@ import numpy as np
 from ..cache.setup import ensure_model
 from ..config import Screen as ScreenConfig
 from ..embed import BatchingEmbedder, default_model_dir, shared_embedder
+from ..tasks import all_or_none
 from .pieces import pieces
 from .screen import EMBEDDER, HEAD_FILE, MAX_TOKENS, Head, load_head
 from .unmask import reread, window
@@ -39,18 +40,6 @@ def readings(text: str) -> tuple[str | None, list[str]]:
     the same) and, when long, the pieces of what the screen reads of it."""
     plain = reread(text)
     return plain, pieces(window(text) if plain is None else plain)
-
-
-async def _all(calls: Iterable[Awaitable[np.ndarray]]) -> list[np.ndarray]:
-    """Every call's result; when one fails, the others are cancelled (their texts leave the
-    embedder's queue) before the failure is raised."""
-    tasks = [asyncio.ensure_future(c) for c in calls]
-    try:
-        return await asyncio.gather(*tasks)
-    except BaseException:
-        for t in tasks:
-            t.cancel()
-        raise
 
 
 class Embedder(Protocol):
@@ -113,7 +102,7 @@ class Screener:
             vector = await (shared or self.embedder).embed(text)
             value = self.head.score(vector, text)
             if others:  # the highest score of every reading counts; one batch of embeddings
-                vectors = await _all(self.embedder.embed(t) for t in others)
+                vectors = await all_or_none(self.embedder.embed(t) for t in others)
                 value = max(value, *(self.head.score(v, t) for v, t in zip(vectors, others, strict=True)))
         if plain is not None:
             self.on_masked()
