@@ -80,6 +80,25 @@ def held_out(judge: Judge, policy: Policy, s: JudgeSet) -> tuple[str, str, np.nd
     return text, summary, sc
 
 
+def wrong_by_score(s: JudgeSet, sc: np.ndarray, policy: Policy, data: Path) -> str:
+    """English report part: the STS-B scores of the pairs served that the labels call different
+    (score < 4), along the curve: how many sit just under the cut."""
+    score = {}
+    for name in ("stsb-en.train.tsv", "stsb-en.dev.tsv"):
+        for line in (data / name).read_text(encoding="utf-8").splitlines():
+            a, b, v = line.split("\t")[:3]
+            score[(a, b)] = float(v)
+    point, test = policy.languages["en"], s.role == "test"
+    lines = ["| judge score >= | wrong hits | STS-B 3.6-3.99 | 3.0-3.59 | below 3.0 |",
+             "|---:|---:|---:|---:|---:|"]
+    for t in (0.6, 0.7, 0.8, 0.85):
+        wrong = served(s, sc, point.min_cosine, t, point.swaps) & test & ~s.gold
+        values = np.array([score[(p.a, p.b)] for p, w in zip(s.pairs, wrong, strict=True) if w])
+        near, mid = int((values >= 3.6).sum()), int(((values >= 3.0) & (values < 3.6)).sum())
+        lines.append(f"| {t:.2f} | {len(values)} | {near} | {mid} | {len(values) - near - mid} |")
+    return "\n".join(lines) + "\n"
+
+
 def guard_costs(judge_scores: list[np.ndarray], sets: list[JudgeSet], floors: dict[str, float]) -> str:
     """Per guard, on the report part, with the judge in place at ``FORCED``: of the pairs past
     the cosine floor that this guard vetoes (the first guard that fires), how many the judge
@@ -196,6 +215,10 @@ def report(model_dir: Path | None, data: Path, cache: Path | None = None) -> str
     tables, rows, all_scores = [], [], []
     for s in sets:
         text, row, sc = held_out(judge, policy, s)
+        if s.lang == "en":
+            text += ("\nThe served pairs the labels call different, by their STS-B score (the labels' "
+                     "own agreement: `python -m load.label_agreement`):\n\n"
+                     + wrong_by_score(s, sc, policy, data))
         tables.append(text)
         rows.append(row)
         all_scores.append(sc)

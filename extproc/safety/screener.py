@@ -22,9 +22,9 @@ from ..cache.setup import ensure_model
 from ..config import Screen as ScreenConfig
 from ..embed import BatchingEmbedder, default_model_dir, shared_embedder
 from ..tasks import all_or_none
-from .pieces import pieces
+from .pieces import pieces, strongest
 from .screen import EMBEDDER, HEAD_FILE, MAX_TOKENS, Head, load_head
-from .unmask import reread, window
+from .unmask import WINDOW, reread, unmasked, unread, window
 from .verdicts import SharedVerdicts
 
 Source = Literal["memo", "shared", "embedded"]  # where a score came from
@@ -35,11 +35,16 @@ def _key(text: str) -> bytes:
     return hashlib.blake2b(text.encode(), digest_size=16).digest()
 
 
-def readings(text: str) -> tuple[str | None, list[str]]:
+def readings(text: str, head: Head) -> tuple[str | None, list[str]]:
     """The readings scored beside the text as written: its unmasked reading (None when it reads
-    the same) and, when long, the pieces of what the screen reads of it."""
+    the same) and, when long, the pieces of what the screen reads of it, with the pieces of
+    its unread middle (unmasked) that the head's n-grams weigh highest."""
     plain = reread(text)
-    return plain, pieces(window(text) if plain is None else plain)
+    parts = pieces(window(text) if plain is None else plain)
+    middle = unmasked(unread(text))
+    if middle:
+        parts += strongest(pieces(middle) or [middle], head.lexical_logit)
+    return plain, parts
 
 
 class Embedder(Protocol):
@@ -96,9 +101,12 @@ class Screener:
                 self._remember(key, known)
                 self.on_score("shared")
                 return known, None
-        plain, parts = readings(text)
-        others = ([] if plain is None else [plain]) + parts
         async with asyncio.timeout(self.timeout_s):
+            if len(text) > WINDOW:  # a middle to weigh too: milliseconds of Python, off the event loop
+                plain, parts = await asyncio.to_thread(readings, text, self.head)
+            else:
+                plain, parts = readings(text, self.head)
+            others = ([] if plain is None else [plain]) + parts
             vector = await (shared or self.embedder).embed(text)
             value = self.head.score(vector, text)
             if others:  # the highest score of every reading counts; one batch of embeddings

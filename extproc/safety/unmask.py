@@ -38,6 +38,9 @@ from functools import lru_cache
 
 READING = "u2"
 WINDOW = 4096  # characters read of a long text: its first and last halves (all the head reads)
+# Of the middle a window leaves out, the characters read at most: a text of up to 69,632
+# characters (more than the default 16,384-token prompt limit holds) is read end to end.
+MIDDLE_MAX = 65_536
 
 _LOOKALIKES = str.maketrans({
     # Cyrillic
@@ -171,6 +174,15 @@ def unmasked(text: str) -> str:
 def window(text: str) -> str:
     """What the screen reads of a text: all of it, or a long text's first and last halves."""
     return text if len(text) <= WINDOW else text[: WINDOW // 2] + " " + text[-WINDOW // 2 :]
+
+
+def unread(text: str, overlap: int = 200) -> str:
+    """The middle of a long text that `window` leaves out ("" for a text within it), with
+    `overlap` characters of each half it joins, so that a sentence cut where the window ends is
+    whole in one of them; its first `MIDDLE_MAX` characters."""
+    if len(text) <= WINDOW:
+        return ""
+    return text[WINDOW // 2 - overlap : len(text) - WINDOW // 2 + overlap][:MIDDLE_MAX]
 
 
 def reread(text: str) -> str | None:

@@ -51,7 +51,7 @@ def as_screened(head: Head, texts: list[str], x: np.ndarray, cache: Path,
     scores = head.scores(x, texts if head.lex is not None else None)
     owner, others = [], []
     for i, text in enumerate(texts):
-        plain, parts = readings(text)
+        plain, parts = readings(text, head)
         for reading in ([] if plain is None else [plain]) + (parts if in_pieces else []):
             owner.append(i)
             others.append(reading)
@@ -77,6 +77,8 @@ def table(head: Head, attacks: dict[str, list[str]], cache: Path) -> list[str]:
 
 
 PADDING = (300, 1000, 3000)  # characters of ordinary text around an attack
+# Long ordinary texts alone: the longest is past the window, so its middle is read too.
+BENIGN_LENGTHS = (1000, 3000, 10_000)
 
 
 def _filler(pool: list[str], chars: int, rng: random.Random) -> str:
@@ -119,5 +121,5 @@ def padding_table(head: Head, attacks: dict[str, list[str]], benign: dict[str, l
         rows += [row("", how, shown) for how, shown in padded(texts, pool, seed).items()]
     for name, texts in benign.items():
         rows += [row(f"benign: {name}", f"{n:,} characters of them",
-                     [_filler(texts, n, rng) for _ in range(200)]) for n in PADDING[1:]]
+                     [_filler(texts, n, rng) for _ in range(200)]) for n in BENIGN_LENGTHS]
     return rows

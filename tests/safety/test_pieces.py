@@ -3,7 +3,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from extproc.safety.pieces import SIZE, pieces
+from extproc.safety.pieces import MIDDLE_KEEP, SIZE, pieces, strongest
 
 
 def test_a_short_text_is_read_whole() -> None:
@@ -35,3 +35,11 @@ def test_every_word_is_in_a_piece_in_order(text: str) -> None:
         return
     assert all(0 < len(p) <= SIZE for p in parts)
     assert "".join("".join(p.split()) for p in parts) == "".join(text.split())
+
+
+def test_the_strongest_pieces_are_kept_in_their_order() -> None:
+    parts = [f"piece {i}" for i in range(10)]
+    weight = {"piece 7": 3.0, "piece 2": 2.0, "piece 9": 2.0}
+    assert strongest(parts, lambda p: weight.get(p, 0.0), 3) == ["piece 2", "piece 7", "piece 9"]
+    assert strongest(parts, lambda p: 0.0, 2) == ["piece 0", "piece 1"]  # the first among equals
+    assert strongest(parts[:MIDDLE_KEEP], lambda p: 0.0) == parts[:MIDDLE_KEEP]

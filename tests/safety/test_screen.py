@@ -11,10 +11,10 @@ from extproc.config import Config
 from extproc.config import Screen as ScreenConfig
 from extproc.exchange import EMBEDDED, Exchange
 from extproc.metrics import Metrics
-from extproc.safety.pieces import pieces
+from extproc.safety.pieces import MIDDLE_KEEP, pieces
 from extproc.safety.screen import LEX_EDGE, Head, lexical_ids, load_head
 from extproc.safety.screener import Screener
-from extproc.safety.unmask import reread
+from extproc.safety.unmask import reread, window
 from extproc.services import Services
 from extproc.stages.screen import Screen
 from load.screen.masks import MASKS
@@ -237,6 +237,29 @@ async def test_an_injection_behind_ordinary_questions_is_read_in_pieces(model_di
         assert (services.metrics.registry.get_sample_value("gate_screen_pieces_total") or 0) >= 3
         # Long ordinary text alone is not refused.
         assert await stage.on_request(exchange(QUESTIONS + QUESTIONS)) is None
+    finally:
+        await services.aclose()
+
+
+async def test_an_injection_in_the_middle_of_a_long_text_costs_a_few_embeddings_more(model_dir: Path) -> None:
+    config = Config.model_validate({"screen": {"mode": "block", "model_dir": str(model_dir),
+                                               "embed_timeout_ms": 30_000}})
+    services = Services.build(config, Metrics())
+    try:
+        screener = services.screener
+        assert screener is not None
+        pad = QUESTIONS * 4  # 4,288 characters on each side: the window reads neither the
+        hidden = pad + "\n\n" + JAILBREAK + "\n\n" + pad  # injection nor any piece of it
+        assert "Ignore" not in window(hidden)
+        stage = Screen(ScreenConfig(mode="block"), screener, services.metrics)
+        reply = await stage.on_request(exchange(hidden))
+        assert reply is not None and reply.status == 400
+        read = services.metrics.registry.get_sample_value("gate_screen_pieces_total")
+        assert read == len(pieces(window(hidden))) + MIDDLE_KEEP  # however long the middle
+        # Ten times as long, still four more, and long ordinary text alone is not refused.
+        assert await stage.on_request(exchange(pad * 20)) is None
+        more = services.metrics.registry.get_sample_value("gate_screen_pieces_total")
+        assert more == 2 * read
     finally:
         await services.aclose()
 
