@@ -498,6 +498,10 @@ class Screen(Strict):
     shared_ttl_s: float = Field(default=86_400.0, ge=0)
     key_prefix: str = "gate:screen:"
     max_messages: int = Field(default=8, ge=1)  # one by one, newest first; older new ones as one text
+    # Of a text past the window (its first and last 2,048 characters), the pieces of its middle
+    # whose n-grams weigh highest, embedded and scored too (one embedding each); 0: the middle
+    # is not read (each piece read adds a little to the false positives of long texts).
+    middle_pieces: int = Field(default=4, ge=0)
 
     @model_validator(mode="after")
     def _route_prefixes(self) -> Screen:

@@ -185,6 +185,6 @@ def _screener(
     screener.on_pieces = metrics.screen_pieces.inc
     if redis is not None and c.shared_ttl_s > 0:
         # A new head or a new way of reading a text: new keys.
-        prefix = f"{c.key_prefix}{screener.head.fingerprint()}{READING}{PIECES}:"
+        prefix = f"{c.key_prefix}{screener.head.fingerprint()}{READING}{PIECES}m{c.middle_pieces}:"
         screener.shared = SharedVerdicts(redis, store, tasks, prefix, int(c.shared_ttl_s * 1000))
     return screener

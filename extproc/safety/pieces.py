@@ -11,11 +11,13 @@ pieces in one batch.
 
 A text longer than the screen's window (`unmask.WINDOW`: its first and last halves) has a
 middle no embedding of the window reads. Its pieces are weighed first by the head's cheap part
-alone (the n-grams: ~30 µs a piece, no embedding), and the `MIDDLE_KEEP` whose wording scores
-highest are embedded and scored like the others: an instruction 3,000 characters from both
-ends is read for at most `MIDDLE_KEEP` embeddings more, however long the text.
+alone (the n-grams: ~30 µs a piece, no embedding), and the few whose wording scores highest
+(`screen.middle_pieces`, `MIDDLE_KEEP` by default) are embedded and scored like the others: an
+instruction 3,000 characters from both ends is read for that many embeddings more, however
+long the text.
 
-`PIECES` names this reading in the shared verdicts' keys, as `unmask.READING` does.
+`PIECES` names this reading in the shared verdicts' keys, as `unmask.READING` does (with the
+number of middle pieces read).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from collections.abc import Callable
 
 SIZE = 200
 MIDDLE_KEEP = 4
-PIECES = f"p{SIZE}m{MIDDLE_KEEP}"
+PIECES = f"p{SIZE}"
 _END = re.compile(r"(?<=[.!?;。！？；\n])\s+|(?<=[。！？；])")
 
 

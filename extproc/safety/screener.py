@@ -22,7 +22,7 @@ from ..cache.setup import ensure_model
 from ..config import Screen as ScreenConfig
 from ..embed import BatchingEmbedder, default_model_dir, shared_embedder
 from ..tasks import all_or_none
-from .pieces import pieces, strongest
+from .pieces import MIDDLE_KEEP, pieces, strongest
 from .screen import EMBEDDER, HEAD_FILE, MAX_TOKENS, Head, load_head
 from .unmask import WINDOW, reread, unmasked, unread, window
 from .verdicts import SharedVerdicts
@@ -35,15 +35,15 @@ def _key(text: str) -> bytes:
     return hashlib.blake2b(text.encode(), digest_size=16).digest()
 
 
-def readings(text: str, head: Head) -> tuple[str | None, list[str]]:
+def readings(text: str, head: Head, middle_pieces: int = MIDDLE_KEEP) -> tuple[str | None, list[str]]:
     """The readings scored beside the text as written: its unmasked reading (None when it reads
-    the same) and, when long, the pieces of what the screen reads of it, with the pieces of
-    its unread middle (unmasked) that the head's n-grams weigh highest."""
+    the same) and, when long, the pieces of what the screen reads of it, with the
+    `middle_pieces` pieces of its unread middle (unmasked) that the head's n-grams weigh highest."""
     plain = reread(text)
     parts = pieces(window(text) if plain is None else plain)
-    middle = unmasked(unread(text))
+    middle = unmasked(unread(text)) if middle_pieces else ""
     if middle:
-        parts += strongest(pieces(middle) or [middle], head.lexical_logit)
+        parts += strongest(pieces(middle) or [middle], head.lexical_logit, middle_pieces)
     return plain, parts
 
 
@@ -62,6 +62,7 @@ class Screener:
         self.threshold = config.threshold if config.threshold is not None else head.threshold
         self.timeout_s = config.embed_timeout_ms / 1000
         self.memo_size = config.memo_size
+        self.middle_pieces = config.middle_pieces
         self._memo: OrderedDict[bytes, float] = OrderedDict()
         self.shared: SharedVerdicts | None = None  # set when the gate shares a store
         self.on_score: Callable[[Source], None] = lambda source: None
@@ -102,10 +103,10 @@ class Screener:
                 self.on_score("shared")
                 return known, None
         async with asyncio.timeout(self.timeout_s):
-            if len(text) > WINDOW:  # a middle to weigh too: milliseconds of Python, off the event loop
-                plain, parts = await asyncio.to_thread(readings, text, self.head)
+            if len(text) > WINDOW and self.middle_pieces:  # a middle to weigh: off the event loop
+                plain, parts = await asyncio.to_thread(readings, text, self.head, self.middle_pieces)
             else:
-                plain, parts = readings(text, self.head)
+                plain, parts = readings(text, self.head, self.middle_pieces)
             others = ([] if plain is None else [plain]) + parts
             vector = await (shared or self.embedder).embed(text)
             value = self.head.score(vector, text)

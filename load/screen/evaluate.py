@@ -16,9 +16,10 @@ from pathlib import Path
 
 import numpy as np
 
+from extproc.safety.pieces import MIDDLE_KEEP
 from extproc.safety.pieces import SIZE as PIECE
 from extproc.safety.screen import HEAD_FILE, load_head
-from extproc.safety.unmask import reread
+from extproc.safety.unmask import WINDOW, reread
 
 from .data import HELD_OUT
 from .fit import detection_at
@@ -153,7 +154,8 @@ def main() -> None:
               "service questions (CLINC150 test split, drawn at random); and long texts made of "
               "ordinary ones alone (200 each). Flagged at the shipped threshold when the text is read "
               "whole (as the gate did before) and as the gate reads it now: whole, unmasked and, "
-              f"beyond {PIECE} characters, in pieces of at most {PIECE} (`extproc/safety/pieces.py`).", "",
+              f"beyond {PIECE} characters, in pieces of at most {PIECE} (`extproc/safety/pieces.py`), and "
+              f"beyond {WINDOW:,} the {MIDDLE_KEEP} pieces of the middle that the n-grams weigh highest.", "",
               "| texts | how | read whole | the gate |", "|---|---|---:|---:|",
               *padding_table(head, some, ordinary, args.cache, args.seed)]
     hard = (src == "hard") & (label == 0)

@@ -260,6 +260,10 @@ async def test_an_injection_in_the_middle_of_a_long_text_costs_a_few_embeddings_
         assert await stage.on_request(exchange(pad * 20)) is None
         more = services.metrics.registry.get_sample_value("gate_screen_pieces_total")
         assert more == 2 * read
+        # An operator who will not pay for it turns it off: then the middle is not read.
+        off = Screener(ScreenConfig(mode="block", middle_pieces=0, embed_timeout_ms=30_000),
+                       screener.embedder, screener.head)
+        assert (await off.score(hidden))[0] < off.threshold
     finally:
         await services.aclose()
 
