@@ -1,6 +1,8 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -67,6 +69,18 @@ def test_lexical_ids_are_fixed_and_read_both_ends_of_a_long_text() -> None:
 @pytest.fixture(scope="module")
 def screener(model_dir: Path) -> Screener:
     return Screener.build(ScreenConfig(mode="block", model_dir=model_dir))
+
+
+@contextlib.asynccontextmanager
+async def screen_services(model_dir: Path, **screen: object) -> AsyncIterator[tuple[Services, Screener]]:
+    """A gate process's services with the screen blocking (`screen`: more of its settings)."""
+    config = Config.model_validate({"screen": {"mode": "block", "model_dir": str(model_dir), **screen}})
+    services = Services.build(config, Metrics())
+    try:
+        assert services.screener is not None
+        yield services, services.screener
+    finally:
+        await services.aclose()
 
 
 def exchange(text: str, tenant: str = "t", path: str = "/v1/chat/completions") -> Exchange:
@@ -222,11 +236,7 @@ QUESTIONS = ("How do I reset my card? What is my balance this month? Where is my
 
 
 async def test_an_injection_behind_ordinary_questions_is_read_in_pieces(model_dir: Path) -> None:
-    config = Config.model_validate({"screen": {"mode": "block", "model_dir": str(model_dir)}})
-    services = Services.build(config, Metrics())
-    try:
-        screener = services.screener
-        assert screener is not None
+    async with screen_services(model_dir) as (services, screener):
         hidden = QUESTIONS + JAILBREAK
         whole = screener.head.score(await screener.embedder.embed(hidden), hidden)
         assert whole < screener.threshold  # read whole, the questions drown it out
@@ -237,17 +247,10 @@ async def test_an_injection_behind_ordinary_questions_is_read_in_pieces(model_di
         assert (services.metrics.registry.get_sample_value("gate_screen_pieces_total") or 0) >= 3
         # Long ordinary text alone is not refused.
         assert await stage.on_request(exchange(QUESTIONS + QUESTIONS)) is None
-    finally:
-        await services.aclose()
 
 
 async def test_an_injection_in_the_middle_of_a_long_text_costs_a_few_embeddings_more(model_dir: Path) -> None:
-    config = Config.model_validate({"screen": {"mode": "block", "model_dir": str(model_dir),
-                                               "embed_timeout_ms": 30_000}})
-    services = Services.build(config, Metrics())
-    try:
-        screener = services.screener
-        assert screener is not None
+    async with screen_services(model_dir, embed_timeout_ms=30_000) as (services, screener):
         pad = QUESTIONS * 4  # 4,288 characters on each side: the window reads neither the
         hidden = pad + "\n\n" + JAILBREAK + "\n\n" + pad  # injection nor any piece of it
         assert "Ignore" not in window(hidden)
@@ -264,8 +267,6 @@ async def test_an_injection_in_the_middle_of_a_long_text_costs_a_few_embeddings_
         off = Screener(ScreenConfig(mode="block", middle_pieces=0, embed_timeout_ms=30_000),
                        screener.embedder, screener.head)
         assert (await off.score(hidden))[0] < off.threshold
-    finally:
-        await services.aclose()
 
 
 class _ShedSecond:
@@ -303,11 +304,7 @@ async def test_a_failed_reading_takes_the_texts_other_readings_out_of_the_queue(
 
 
 async def test_only_a_masked_text_pays_a_second_embedding_and_is_counted(model_dir: Path) -> None:
-    config = Config.model_validate({"screen": {"mode": "block", "model_dir": str(model_dir)}})
-    services = Services.build(config, Metrics())
-    try:
-        screener = services.screener
-        assert screener is not None
+    async with screen_services(model_dir) as (services, screener):
         await screener.score("Where is my parcel? I ordered shoes last week.")
         assert screener.embedder.stats.texts == 1
         masked = MASKS["letters spread out"](JAILBREAK)
@@ -318,8 +315,6 @@ async def test_only_a_masked_text_pays_a_second_embedding_and_is_counted(model_d
         assert score > screener.threshold and screener.embedder.stats.texts == 3 + len(pieces(plain))
         assert services.metrics.registry.get_sample_value("gate_screen_masked_total") == 1
         assert services.metrics.registry.get_sample_value("gate_screen_pieces_total") == len(pieces(plain))
-    finally:
-        await services.aclose()
 
 
 async def test_modes_per_route_under_the_tenants_own(screener: Screener) -> None:
