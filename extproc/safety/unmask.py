@@ -177,12 +177,14 @@ def window(text: str) -> str:
 
 
 def unread(text: str, overlap: int = 200) -> str:
-    """The middle of a long text that `window` leaves out ("" for a text within it), with
-    `overlap` characters of each half it joins, so that a sentence cut where the window ends is
-    whole in one of them; its first `MIDDLE_MAX` characters."""
+    """The middle of a long text that `window` leaves out ("" for a text within it), its first
+    `MIDDLE_MAX` characters, with `overlap` characters of each half it joins, so that a sentence
+    cut where the window ends is whole in one of them."""
     if len(text) <= WINDOW:
         return ""
-    return text[WINDOW // 2 - overlap : len(text) - WINDOW // 2 + overlap][:MIDDLE_MAX]
+    start = WINDOW // 2
+    end = min(len(text) - WINDOW // 2, start + MIDDLE_MAX)
+    return text[start - overlap : end + overlap]
 
 
 def reread(text: str) -> str | None:

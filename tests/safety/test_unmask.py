@@ -78,4 +78,6 @@ def test_the_middle_and_the_window_read_every_character_of_a_text(length: int, o
 
 
 def test_the_middle_read_is_bounded() -> None:
-    assert len(unread("x" * (10 * MIDDLE_MAX))) == MIDDLE_MAX
+    assert len(unread("x" * (10 * MIDDLE_MAX), overlap=200)) == MIDDLE_MAX + 2 * 200
+    longest = "".join(chr(0x4E00 + i % 20000) for i in range(WINDOW + MIDDLE_MAX))
+    assert longest[WINDOW // 2 : -WINDOW // 2] in unread(longest)  # read end to end
