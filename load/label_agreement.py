@@ -126,8 +126,9 @@ def report(data: Path) -> str:
         f"# How far the paraphrase labels agree with themselves ({now})",
         "",
         "`python -m load.label_agreement` reads every pair of the shared paraphrase files in place "
-        "(nothing is fitted). The dedup bars are precision against these labels: a matcher can be "
-        "measured no higher than the rate at which the labels call the same question the same.",
+        "(nothing is fitted). The dedup bars are precision against these labels: a matcher that "
+        "serves only true duplicates is measured at the rate at which the labels call the same "
+        "question the same.",
         "",
         "## ATEC: pairs equal once reworded in ways that cannot change the question",
         "",
