@@ -82,7 +82,7 @@ def connect_topology(topology: RedisTopology, connect_timeout_s: float) -> Clien
             sentinel_auth["password"] = sentinel_password
         if topology.sentinel_username is not None:
             sentinel_auth["username"] = topology.sentinel_username
-        sentinel = Sentinel(  # type: ignore[no-untyped-call]
+        sentinel = Sentinel(
             [host_port(a) for a in topology.sentinels], sentinel_kwargs=sentinel_auth, db=topology.db,
             **common, **once,
         )
@@ -107,10 +107,10 @@ def connect_sync(topology: RedisTopology, timeout_s: float = 2.0) -> Any:
         kwargs: dict[str, Any] = {"socket_timeout": timeout_s, **_tls(topology)}
         if password is not None:
             kwargs["password"] = password
-        sentinel = SyncSentinel(  # type: ignore[no-untyped-call]
+        sentinel = SyncSentinel(
             [host_port(a) for a in topology.sentinels], sentinel_kwargs=kwargs, db=topology.db, **common,
         )
-        return sentinel.master_for(topology.master_name)  # type: ignore[no-untyped-call]
+        return sentinel.master_for(topology.master_name)
     assert topology.url is not None
     return redis.Redis.from_url(topology.url, **common)
 
