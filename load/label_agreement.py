@@ -23,11 +23,10 @@ import difflib
 import re
 from collections import Counter
 from collections.abc import Iterable
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from extproc.dedup.calibrate import default_data_dir
+from extproc.dedup.calibrate import Pair, default_data_dir, read_pairs
 from extproc.dedup.canonical import canonical
 from extproc.dedup.guards import guard
 from extproc.dedup.selfcheck import wilson_lower
@@ -41,22 +40,6 @@ REWRITES = (("蚂蚁花呗", "花呗"), ("蚂蚁借呗", "借呗"), ("如何", "
 _CLOSING = re.compile(r"[吗呢么啊呀吧]*[\s?？!！。.,，]*$")
 _PUNCT = re.compile(r"[\s?？!！。.,，、]+")
 BANDS = (0.95, 0.9, 0.85, 0.8, 0.75, 0.7, 0.6, 0.5)
-
-
-@dataclass(frozen=True)
-class Pair:
-    a: str
-    b: str
-    same: bool
-
-
-def read(path: Path, cut: float | None = None) -> list[Pair]:
-    """ATEC's 0/1 labels, or STS-B's scores with `cut` (>= cut: the same)."""
-    out = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        a, b, label = line.split("\t")
-        out.append(Pair(a, b, float(label) >= cut if cut is not None else label.strip() == "1"))
-    return out
 
 
 def reworded(text: str) -> str:
@@ -114,8 +97,8 @@ BAND_HEAD = [
 
 
 def report(data: Path) -> str:
-    atec = read(data / "atec-zh.valid.tsv")
-    stsb = read(data / "stsb-en.train.tsv", 4.0) + read(data / "stsb-en.dev.tsv", 4.0)
+    atec = read_pairs(data / "atec-zh.valid.tsv", "binary")
+    stsb = read_pairs(data / "stsb-en.train.tsv", "score") + read_pairs(data / "stsb-en.dev.tsv", "score")
     equal = [p for p in atec if reworded(p.a) == reworded(p.b)]
     guarded = [p for p in atec if guard(p.a, p.b, swaps=()) is None]
     near_apart = [p for p in guarded if not p.same and similarity(p.a, p.b) >= 0.85]
