@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Any
 
 from envoy.config.core.v3 import base_pb2
 from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
@@ -60,18 +62,47 @@ def header_map(message: pb.HttpHeaders) -> dict[str, str]:
     return out
 
 
-_OVERWRITE = base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while n > 0x7F:
+        out.append(n & 0x7F | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def _tag(message: Any, field: str, wire_type: int = 2) -> bytes:
+    """A field's key in protobuf's wire format (2: length-delimited, 0: varint)."""
+    return _varint(message.DESCRIPTOR.fields_by_name[field].number << 3 | wire_type)
+
+
+def _delimited(tag: bytes, data: bytes) -> bytes:
+    return tag + _varint(len(data)) + data
+
+
+_SET = _tag(pb.HeaderMutation, "set_headers")
+_REMOVE = _tag(pb.HeaderMutation, "remove_headers")
+_HEADER = _tag(base_pb2.HeaderValueOption, "header")
+_RAW = _tag(base_pb2.HeaderValue, "raw_value")
+_OVERWRITE = _tag(base_pb2.HeaderValueOption, "append_action", 0) + _varint(
+    base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD
+)
+
+
+@lru_cache(maxsize=256)  # the gate's own header names: a few dozen
+def _key(name: str) -> bytes:
+    return _delimited(_tag(base_pb2.HeaderValue, "key"), name.encode())
 
 
 def _mutation(set_headers: dict[str, str], remove: list[str]) -> pb.HeaderMutation:
-    option, value = base_pb2.HeaderValueOption, base_pb2.HeaderValue
-    return pb.HeaderMutation(
-        set_headers=[
-            option(header=value(key=k, raw_value=v.encode()), append_action=_OVERWRITE)
-            for k, v in set_headers.items()
-        ],
-        remove_headers=remove,
-    )
+    """Set (overwriting) and remove headers. Written in protobuf's wire format and parsed once:
+    a hit's dozen headers built as messages field by field took twice as long."""
+    parts = [
+        _delimited(_SET, _delimited(_HEADER, _key(k) + _delimited(_RAW, v.encode())) + _OVERWRITE)
+        for k, v in set_headers.items()
+    ]
+    parts += [_delimited(_REMOVE, h.encode()) for h in remove]
+    return pb.HeaderMutation.FromString(b"".join(parts))
 
 
 # Answers to the request's messages repeat (the same pool's header, no change at all): each
