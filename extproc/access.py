@@ -44,7 +44,11 @@ def access_record(ex: Exchange, busy_s: float, now: float | None = None) -> dict
 
 
 def log_access(ex: Exchange, busy_s: float) -> None:
-    if log.isEnabledFor(logging.INFO):
+    handlers = log.handlers
+    if len(handlers) == 1 and type(handlers[0]) is BatchedLines and not log.propagate:
+        # The process's own batch (`batch_access_lines`): no log record to make and hand round.
+        handlers[0].add(orjson.dumps(access_record(ex, busy_s)).decode(), time.time())
+    elif log.isEnabledFor(logging.INFO):
         # A record made directly: `log.info` would walk the stack for a caller nobody logs.
         line = orjson.dumps(access_record(ex, busy_s)).decode()
         log.handle(log.makeRecord(log.name, logging.INFO, __file__, 0, line, (), None))
@@ -68,10 +72,14 @@ class BatchedLines(logging.Handler):
         self._stamp = ""
 
     def emit(self, record: logging.LogRecord) -> None:
-        second = int(record.created)
+        self.add(record.getMessage(), record.created)
+
+    def add(self, message: str, created: float) -> None:
+        """One line, logged at `created` (time.time())."""
+        second = int(created)
         if second != self._second:
             self._second, self._stamp = second, time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(second))
-        self._lines.append(f"{self._stamp},{int(record.msecs):03d} {self.prefix} {record.getMessage()}\n")
+        self._lines.append(f"{self._stamp},{int((created - second) * 1000):03d} {self.prefix} {message}\n")
         if len(self._lines) >= self.max_lines:
             self.flush()
         elif len(self._lines) == 1:

@@ -10,7 +10,7 @@ import re
 import orjson
 import pytest
 
-from extproc.access import BatchedLines, access_record
+from extproc.access import BatchedLines, access_record, batch_access_lines
 from extproc.config import Config, parse_config
 from extproc.exchange import Exchange, Reply
 from extproc.metrics import Metrics
@@ -118,3 +118,23 @@ async def test_access_lines_are_written_in_batches_and_none_is_lost() -> None:
         assert len(stream.getvalue().splitlines()) == 9
     finally:
         logger.removeHandler(handler)
+
+
+def test_the_process_batch_writes_access_lines_without_log_records() -> None:
+    """A gate process's access lines go straight into its batch, stamped like its other lines."""
+    stream = io.StringIO()
+    access = logging.getLogger("llm_gate.access")
+    batch_access_lines(stream, "gate[0] INFO")
+    try:
+        e = ex()
+        e.status = 200
+        Pipeline([], Config(), Metrics()).log_request(e, 0.01)
+        access.handlers[0].flush()  # (with no event loop running, it wrote at once)
+        [line] = stream.getvalue().splitlines()
+        stamp, text = line.split(" gate[0] INFO ")
+        assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}", stamp)
+        assert orjson.loads(text)["request_id"] == "req-42"
+    finally:
+        for handler in list(access.handlers):
+            access.removeHandler(handler)
+        access.propagate = True
