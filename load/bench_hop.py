@@ -24,6 +24,7 @@ import orjson
 from envoy.config.core.v3 import base_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
+from extproc.access import batch_access_lines
 from extproc.app import build_pipeline
 from extproc.config import Config
 from extproc.metrics import Metrics
@@ -154,10 +155,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--semantic", metavar="EMBEDDER",
                         help="instead: where a semantic miss's own time goes (minilm or e5-small)")
     args = parser.parse_args(argv)
-    # The access log on, as in production, written where bench_gate writes it (a file).
+    # The access log on and batched, as a gate process writes it (`app.run_process`).
     logging.basicConfig(
         level=logging.INFO, filename=os.devnull, format="%(asctime)s gate[0] %(levelname)s %(message)s"
     )
+    batch_access_lines(open(os.devnull, "w"), "gate[0] INFO")  # lives as long as the run
     import uvloop
 
     if args.semantic:
