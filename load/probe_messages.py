@@ -1,0 +1,190 @@
+"""Probe: can a request reach the gate in fewer ext_proc messages? What Envoy does, measured.
+
+A request costs the gate a headers message, a body message and a response-headers message
+(and the body of an answer it captures); each message is a gRPC round trip through Python,
+the largest part of the hop's cost. This probe runs the
+shipped Envoy bootstrap with a recording ext_proc that routes like the gate (it sets
+`x-gate-cluster` with `clear_route_cache` in its answer to the body) and tries the ways to
+save a message:
+
+- `request_header_mode: SKIP`, the headers the gate reads sent as `request_attributes` of the
+  body message (Envoy sends attributes with the first message of a phase);
+- the same with Envoy's buffer filter before the router, so the router waits for the body;
+- a `mode_override` (response headers SKIP) in the answer to the body, where the gate first
+  knows whether it needs the answer.
+
+    python -m load.probe_messages   (writes load/results/probe_messages.md)
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+import httpx
+from envoy.config.core.v3 import base_pb2
+from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
+from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
+
+from extproc import envoy_config
+
+from .bench_gate import upstream_listener
+from .stack import LOOPBACK, envoy_binary, envoy_command, exit_on_sigterm, free_port, wait_http
+
+RESULTS = Path(__file__).parent / "results" / "probe_messages.md"
+Mode = processing_mode_pb2.ProcessingMode
+BUFFER = "type.googleapis.com/envoy.extensions.filters.http.buffer.v3.Buffer"
+ATTRIBUTES = ["request.method", "request.path", "request.headers['content-type']"]
+
+
+@dataclass
+class Way:
+    name: str
+    skip_headers: bool = False
+    buffer_filter: bool = False
+    override_in_body: bool = False  # the body's answer asks Envoy to skip the response headers
+
+
+@dataclass
+class Recorder(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
+    """Answers like the gate's routing: the body's answer sets `x-gate-cluster: primary`."""
+
+    way: Way
+    seen: list[str] = field(default_factory=list)
+    attributes: set[str] = field(default_factory=set)
+
+    async def Process(  # noqa: N802 - the gRPC method name
+        self, requests: AsyncIterator[pb.ProcessingRequest], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.ProcessingResponse]:
+        async for request in requests:
+            phase = request.WhichOneof("request")
+            self.seen.append(phase)
+            for found in request.attributes.values():
+                self.attributes.update(found.fields)
+            if phase == "request_body":
+                route = base_pb2.HeaderValueOption(
+                    header=base_pb2.HeaderValue(key="x-gate-cluster", raw_value=b"primary"))
+                common = pb.CommonResponse(clear_route_cache=True, header_mutation=pb.HeaderMutation(
+                    set_headers=[route]))
+                answer = pb.ProcessingResponse(request_body=pb.BodyResponse(response=common))
+                if self.way.override_in_body:
+                    answer.mode_override.CopyFrom(Mode(
+                        request_header_mode=Mode.SEND, request_body_mode=Mode.BUFFERED,
+                        response_header_mode=Mode.SKIP, response_body_mode=Mode.NONE))
+                yield answer
+            elif phase in ("request_headers", "response_headers"):
+                yield pb.ProcessingResponse(**{phase: pb.HeadersResponse()})
+            else:
+                yield pb.ProcessingResponse(**{phase: pb.BodyResponse()})
+
+
+def bootstrap(way: Way, gate: int, work: Path) -> tuple[dict[str, Any], int, int]:
+    listen, admin, upstream = free_port(), free_port(), free_port()
+    pools = {"primary": [(LOOPBACK, upstream)], "fallback": [(LOOPBACK, upstream)]}
+    doc = envoy_config.bootstrap(listen=(LOOPBACK, listen), admin=(LOOPBACK, admin), gate=[(LOOPBACK, gate)],
+                                 pools=pools)
+    doc["static_resources"]["listeners"].append(upstream_listener(upstream))
+    hcm = doc["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+    ext_proc = hcm["http_filters"][0]["typed_config"]
+    if way.skip_headers:
+        ext_proc["processing_mode"]["request_header_mode"] = "SKIP"
+        ext_proc["request_attributes"] = ATTRIBUTES
+    if way.buffer_filter:
+        hcm["http_filters"].insert(-1, {"name": "envoy.filters.http.buffer",
+                                        "typed_config": {"@type": BUFFER, "max_request_bytes": 1 << 20}})
+    return doc, listen, admin
+
+
+def start_envoy(command: list[str]) -> subprocess.Popen[bytes]:
+    """In its own process group, stopped in `probe`'s `finally` (SIGTERM unwinds to it)."""
+    quiet = subprocess.DEVNULL
+    return subprocess.Popen(command, stdout=quiet, stderr=quiet, start_new_session=True)
+
+
+async def probe(way: Way, work: Path) -> dict[str, Any]:
+    """One chat request through Envoy with `way`: what the processor saw and what came back."""
+    recorder = Recorder(way)
+    server = grpc.aio.server()
+    pb_grpc.add_ExternalProcessorServicer_to_server(recorder, server)
+    gate = server.add_insecure_port(f"{LOOPBACK}:0")
+    await server.start()
+    doc, listen, admin = bootstrap(way, gate, work)
+    envoy = start_envoy(envoy_command(doc, work / "envoy.yaml", "error"))
+    try:
+        await asyncio.to_thread(wait_http, f"http://{LOOPBACK}:{admin}/ready", 30)
+        async with httpx.AsyncClient(timeout=10) as client:
+            body = {"model": "llama-3-8b", "messages": [{"role": "user", "content": "hi"}]}
+            r = await client.post(f"http://{LOOPBACK}:{listen}/v1/chat/completions", json=body)
+        await asyncio.sleep(0.2)
+        code = r.json().get("error", {}).get("code") if r.status_code != 200 else None
+        return {"status": r.status_code, "code": code, "seen": list(recorder.seen),
+                "attributes": bool(recorder.attributes)}
+    finally:
+        os.killpg(envoy.pid, 15)
+        envoy.wait(10)
+        await server.stop(None)
+
+
+WAYS = [
+    Way("shipped: headers, then the body"),
+    Way("headers skipped, sent as the body's attributes", skip_headers=True),
+    Way("headers skipped, buffer filter before the router", skip_headers=True, buffer_filter=True),
+    Way("response headers skipped by the body's answer", override_in_body=True),
+]
+
+
+def verdict(way: Way, result: dict[str, Any]) -> str:
+    routed = result["status"] == 200
+    if way.override_in_body:
+        return "ignored: Envoy takes a mode_override only in answers to headers" if "response_headers" in \
+            result["seen"] else "honoured"
+    if not routed and "request_body" not in result["seen"]:
+        return "routed on the headers before the body reached the processor"
+    if not routed:
+        return "body seen, but the route header set in its answer was not applied"
+    return "routed by the processor"
+
+
+def main(argv: list[str] | None = None) -> int:
+    raw = argparse.RawDescriptionHelpFormatter
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=raw)
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args(argv)
+    said = subprocess.run([envoy_binary(), "--version"], capture_output=True, text=True).stdout
+    found = re.search(r"/(\d+\.\d+\.\d+)/", said)  # "envoy version: <commit>/1.40.0/Clean/RELEASE/..."
+    version = found.group(1) if found else "?"
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="llm-gate-probe-") as tmp:
+        for way in WAYS:
+            result = asyncio.run(probe(way, Path(tmp)))
+            seen = ", ".join(result["seen"]) or "nothing"
+            rows.append(f"| {way.name} | {result['status']} {result['code'] or ''} | {seen} | "
+                        f"{'yes' if result['attributes'] else 'no'} | {verdict(way, result)} |")
+            print(rows[-1], flush=True)
+    args.out.write_text(
+        f"# Fewer ext_proc messages per request: what Envoy {version} does "
+        f"({time.strftime('%Y-%m-%d')})\n\n`python -m load.probe_messages`: "
+        "one chat request per way, through the shipped bootstrap with a processor that routes "
+        "as the gate does (`x-gate-cluster` and `clear_route_cache` in its answer to the body).\n\n"
+        "| way | status | messages the processor saw | attributes | verdict |\n|---|---|---|---|---|\n"
+        + "\n".join(rows) + "\n"
+    )
+    print(f"written to {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    exit_on_sigterm()
+    sys.exit(main())
