@@ -113,7 +113,7 @@ def semantic(embedder: str) -> dict[str, Any]:
 @dataclass
 class Variant:
     name: str
-    ext_proc: str = "gate"  # none | noop | gate
+    ext_proc: str = "gate"  # none | noop | minimal | gate
     workers: int = 1
     config: dict[str, Any] = field(default_factory=dict)
     unique: bool = True  # a new question per request
@@ -126,9 +126,13 @@ class Variant:
 
 
 NOOP = "no-op ext_proc (Python grpc.aio)"
+# The least any Python gate does (read the headers, parse the body, route): what is left of the
+# no-op's rate for the gate's own checks, limits, metrics and access line.
+MINIMAL = "minimal Python gate (parse the body, route)"
 VARIANTS = [
     Variant("Envoy alone", ext_proc="none"),
     Variant(NOOP, ext_proc="noop"),
+    Variant(MINIMAL, ext_proc="minimal"),
     Variant("gate: identity, validation, routing", config=ONLY_VALIDATE_AND_ROUTE),
     Variant("gate: every stage, cache misses, semantic off", config=SEMANTIC_OFF),
     Variant("gate: every stage, cache hits", config={}, unique=False),
@@ -308,8 +312,9 @@ def start_ext_proc(
         return None, [], []
     first = free_ports(variant.workers)
     metrics_first = free_ports(variant.workers) if variant.ext_proc == "gate" else 0
-    if variant.ext_proc == "noop":
+    if variant.ext_proc in ("noop", "minimal"):
         args = [sys.executable, "-m", "load.noop_extproc", "--port", str(first)]
+        args += ["--route"] if variant.ext_proc == "minimal" else []
     else:
         config = work / "gate.yaml"
         config.write_text(yaml.safe_dump(variant.config))
@@ -646,7 +651,8 @@ def main(argv: list[str] | None = None) -> int:
         "--only",
         action="append",
         default=[],
-        help="run only variants whose name or group contains this (repeatable); the no-op always runs",
+        help="run only variants whose name or group contains this (repeatable); the no-op and the "
+        "minimal gate always run",
     )
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--profile", type=Path, help="py-spy each ext_proc into this folder (needs py-spy)")
@@ -658,7 +664,7 @@ def main(argv: list[str] | None = None) -> int:
     chosen = [
         v
         for v in VARIANTS
-        if not args.only or v.name == NOOP or any(o in v.name or o == v.group for o in args.only)
+        if not args.only or v.name in (NOOP, MINIMAL) or any(o in v.name or o == v.group for o in args.only)
     ]
     rows: list[tuple[Variant, dict[str, float]]] = []
     for variant in chosen:

@@ -1,4 +1,6 @@
-"""A no-op ext_proc server: CONTINUE to every message. The floor the gate is measured against."""
+"""The floors the gate is measured against: a no-op ext_proc (CONTINUE to every message) and,
+with `--route`, the least any Python gate does (read the headers, parse the JSON body, set
+`x-gate-cluster` in its answer to the body, read the response headers)."""
 
 from __future__ import annotations
 
@@ -6,26 +8,53 @@ import argparse
 from collections.abc import AsyncIterator
 
 import grpc
+import orjson
 import uvloop
+from envoy.config.core.v3 import base_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
+ROUTED = pb.ProcessingResponse(
+    request_body=pb.BodyResponse(
+        response=pb.CommonResponse(
+            clear_route_cache=True,
+            header_mutation=pb.HeaderMutation(
+                set_headers=[
+                    base_pb2.HeaderValueOption(
+                        header=base_pb2.HeaderValue(key="x-gate-cluster", raw_value=b"primary"),
+                        append_action=base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD,
+                    )
+                ]
+            ),
+        )
+    )
+)
+
 
 class Noop(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
+    def __init__(self, route: bool = False) -> None:
+        self.route = route
+
     async def Process(  # noqa: N802 - the gRPC method name
         self, requests: AsyncIterator[pb.ProcessingRequest], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.ProcessingResponse]:
         async for request in requests:
             phase = request.WhichOneof("request")
             if phase in ("request_headers", "response_headers"):
+                if self.route:
+                    headers = getattr(request, phase).headers.headers
+                    _ = {h.key: h.raw_value.decode() for h in headers}
                 yield pb.ProcessingResponse(**{phase: pb.HeadersResponse()})
+            elif phase == "request_body" and self.route:
+                orjson.loads(request.request_body.body)
+                yield ROUTED
             elif phase in ("request_body", "response_body"):
                 yield pb.ProcessingResponse(**{phase: pb.BodyResponse()})
 
 
-async def serve(port: int) -> None:
+async def serve(port: int, route: bool) -> None:
     server = grpc.aio.server(options=[("grpc.max_receive_message_length", 2 << 20)])
-    pb_grpc.add_ExternalProcessorServicer_to_server(Noop(), server)
+    pb_grpc.add_ExternalProcessorServicer_to_server(Noop(route), server)
     server.add_insecure_port(f"127.0.0.1:{port}")
     await server.start()
     await server.wait_for_termination()
@@ -34,7 +63,9 @@ async def serve(port: int) -> None:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--port", type=int, required=True)
-    uvloop.run(serve(parser.parse_args(argv).port))
+    parser.add_argument("--route", action="store_true", help="the least a gate does: parse, route")
+    args = parser.parse_args(argv)
+    uvloop.run(serve(args.port, args.route))
 
 
 if __name__ == "__main__":
