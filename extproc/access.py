@@ -44,13 +44,15 @@ def access_record(ex: Exchange, busy_s: float, now: float | None = None) -> dict
 
 
 def log_access(ex: Exchange, busy_s: float) -> None:
+    if not log.isEnabledFor(logging.INFO):
+        return
+    line = orjson.dumps(access_record(ex, busy_s)).decode()
     handlers = log.handlers
     if len(handlers) == 1 and type(handlers[0]) is BatchedLines and not log.propagate:
         # The process's own batch (`batch_access_lines`): no log record to make and hand round.
-        handlers[0].add(orjson.dumps(access_record(ex, busy_s)).decode(), time.time())
-    elif log.isEnabledFor(logging.INFO):
+        handlers[0].add(line, time.time())
+    else:
         # A record made directly: `log.info` would walk the stack for a caller nobody logs.
-        line = orjson.dumps(access_record(ex, busy_s)).decode()
         log.handle(log.makeRecord(log.name, logging.INFO, __file__, 0, line, (), None))
 
 

@@ -125,6 +125,7 @@ def test_the_process_batch_writes_access_lines_without_log_records() -> None:
     stream = io.StringIO()
     access = logging.getLogger("llm_gate.access")
     batch_access_lines(stream, "gate[0] INFO")
+    access.setLevel(logging.INFO)  # as a gate process sets its logs (`app.run_process`)
     try:
         e = ex()
         e.status = 200
@@ -138,3 +139,4 @@ def test_the_process_batch_writes_access_lines_without_log_records() -> None:
         for handler in list(access.handlers):
             access.removeHandler(handler)
         access.propagate = True
+        access.setLevel(logging.NOTSET)
