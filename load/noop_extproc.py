@@ -10,24 +10,13 @@ from collections.abc import AsyncIterator
 import grpc
 import orjson
 import uvloop
-from envoy.config.core.v3 import base_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
-ROUTED = pb.ProcessingResponse(
-    request_body=pb.BodyResponse(
-        response=pb.CommonResponse(
-            clear_route_cache=True,
-            header_mutation=pb.HeaderMutation(
-                set_headers=[
-                    base_pb2.HeaderValueOption(
-                        header=base_pb2.HeaderValue(key="x-gate-cluster", raw_value=b"primary"),
-                        append_action=base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD,
-                    )
-                ]
-            ),
-        )
-    )
+from extproc.wire import Continue, continue_response
+
+ROUTED = continue_response(
+    "request_body", Continue(set_headers={"x-gate-cluster": "primary"}, clear_route=True)
 )
 
 

@@ -33,14 +33,14 @@ from typing import Any
 
 import grpc
 import httpx
-from envoy.config.core.v3 import base_pb2
 from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
 from extproc import envoy_config
+from extproc.wire import Continue, continue_response
 
-from .bench_gate import upstream_listener
+from .bench_gate import spawn, upstream_listener
 from .stack import LOOPBACK, envoy_binary, envoy_command, exit_on_sigterm, free_port, wait_http
 
 RESULTS = Path(__file__).parent / "results" / "probe_messages.md"
@@ -74,11 +74,9 @@ class Recorder(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
             for found in request.attributes.values():
                 self.attributes.update(found.fields)
             if phase == "request_body":
-                route = base_pb2.HeaderValueOption(
-                    header=base_pb2.HeaderValue(key="x-gate-cluster", raw_value=b"primary"))
-                common = pb.CommonResponse(clear_route_cache=True, header_mutation=pb.HeaderMutation(
-                    set_headers=[route]))
-                answer = pb.ProcessingResponse(request_body=pb.BodyResponse(response=common))
+                answer = pb.ProcessingResponse()
+                answer.CopyFrom(continue_response(phase, Continue(set_headers={"x-gate-cluster": "primary"},
+                                                                 clear_route=True)))
                 if self.way.override_in_body:
                     answer.mode_override.CopyFrom(Mode(
                         request_header_mode=Mode.SEND, request_body_mode=Mode.BUFFERED,
@@ -107,12 +105,6 @@ def bootstrap(way: Way, gate: int, work: Path) -> tuple[dict[str, Any], int, int
     return doc, listen, admin
 
 
-def start_envoy(command: list[str]) -> subprocess.Popen[bytes]:
-    """In its own process group, stopped in `probe`'s `finally` (SIGTERM unwinds to it)."""
-    quiet = subprocess.DEVNULL
-    return subprocess.Popen(command, stdout=quiet, stderr=quiet, start_new_session=True)
-
-
 async def probe(way: Way, work: Path) -> dict[str, Any]:
     """One chat request through Envoy with `way`: what the processor saw and what came back."""
     recorder = Recorder(way)
@@ -121,7 +113,7 @@ async def probe(way: Way, work: Path) -> dict[str, Any]:
     gate = server.add_insecure_port(f"{LOOPBACK}:0")
     await server.start()
     doc, listen, admin = bootstrap(way, gate, work)
-    envoy = start_envoy(envoy_command(doc, work / "envoy.yaml", "error"))
+    envoy = spawn(envoy_command(doc, work / "envoy.yaml", "error"), work / "envoy.log")
     try:
         await asyncio.to_thread(wait_http, f"http://{LOOPBACK}:{admin}/ready", 30)
         async with httpx.AsyncClient(timeout=10) as client:
@@ -146,15 +138,15 @@ WAYS = [
 
 
 def verdict(way: Way, result: dict[str, Any]) -> str:
-    routed = result["status"] == 200
+    seen = result["seen"]
     if way.override_in_body:
-        return "ignored: Envoy takes a mode_override only in answers to headers" if "response_headers" in \
-            result["seen"] else "honoured"
-    if not routed and "request_body" not in result["seen"]:
+        ignored = "response_headers" in seen
+        return "ignored: Envoy takes a mode_override only in answers to headers" if ignored else "honoured"
+    if result["status"] == 200:
+        return "routed by the processor"
+    if "request_body" not in seen:
         return "routed on the headers before the body reached the processor"
-    if not routed:
-        return "body seen, but the route header set in its answer was not applied"
-    return "routed by the processor"
+    return "body seen, but the route header set in its answer was not applied"
 
 
 def main(argv: list[str] | None = None) -> int:
