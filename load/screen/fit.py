@@ -4,10 +4,12 @@ Full-batch Adam with L2, classes weighted equally, every random draw from one se
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 from scipy import sparse  # type: ignore[import-untyped]
 
-from extproc.safety.screen import EMBEDDER, Head, lexical_ids
+from extproc.safety.screen import EMBEDDER, Head, lexical_ids, shape_features
 
 
 class Lexical:
@@ -34,6 +36,11 @@ class Lexical:
 
     def grad(self, err: np.ndarray) -> np.ndarray:
         return np.asarray(self.xt @ err)
+
+
+def with_shape(x: np.ndarray, texts: list[str]) -> np.ndarray:
+    """The embeddings with how each text is written beside them (what a `shape` head's MLP reads)."""
+    return np.hstack([x, np.array([shape_features(t) for t in texts])])
 
 
 def _adam(params: list[np.ndarray], grads: list[np.ndarray], state: list[list[np.ndarray]], step: int,
@@ -120,8 +127,7 @@ def combine(mlp: Head, lexical: tuple[np.ndarray, float], weight: float) -> Head
     fitted apart (fitted together, the MLP explains the training set alone and the n-grams
     learn next to nothing), then added."""
     w, b = lexical
-    return Head("mlp+lex", mlp.w1, mlp.b1, mlp.w2, mlp.b2 + weight * b, mlp.threshold, mlp.embedder,
-                weight * w)
+    return dataclasses.replace(mlp, kind=mlp.kind + "+lex", b2=mlp.b2 + weight * b, lex=weight * w)
 
 
 def threshold_at(benign_scores: np.ndarray, fpr: float) -> float:

@@ -48,7 +48,7 @@ def as_screened(head: Head, texts: list[str], x: np.ndarray, cache: Path,
     """Each text's score as the gate reaches it (`x`: the texts' own vectors): the highest of
     the text as written, its unmasked reading and a long text's pieces (`Screener.score`;
     `in_pieces=False`: as the gate scored before it read long texts in pieces)."""
-    scores = head.scores(x, texts if head.lex is not None else None)
+    scores = head.scores(x, texts)
     owner, others = [], []
     for i, text in enumerate(texts):
         plain, parts = readings(text, head)
@@ -56,7 +56,7 @@ def as_screened(head: Head, texts: list[str], x: np.ndarray, cache: Path,
             owner.append(i)
             others.append(reading)
     if others:
-        again = head.scores(vectors(others, cache), others if head.lex is not None else None)
+        again = head.scores(vectors(others, cache), others)
         np.maximum.at(scores, np.array(owner), again)
     return scores
 
@@ -69,7 +69,7 @@ def table(head: Head, attacks: dict[str, list[str]], cache: Path) -> list[str]:
         for mask, disguise in {"none": lambda t: t, **MASKS}.items():
             shown = [disguise(t) for t in texts]
             x = vectors(shown, cache)
-            alone = head.scores(x, shown if head.lex is not None else None)
+            alone = head.scores(x, shown)
             gate = as_screened(head, shown, x, cache)
             rows.append(f"| {name} ({len(texts)}) | {mask} | {(alone > head.threshold).mean():.1%} "
                         f"| {(gate > head.threshold).mean():.1%} |")

@@ -16,13 +16,14 @@ choice; its columns show how far each fold's head carries.
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
 import numpy as np
 
 from .data import HELD_OUT
-from .fit import Lexical, by_source, detection_at, fit_lexical, fit_mlp
+from .fit import Lexical, by_source, detection_at, fit_lexical, fit_mlp, with_shape
 from .train import LEX_BITS, arguments, dataset
 
 OUT = Path(__file__).resolve().parents[1] / "results" / "screen_loso.md"
@@ -42,9 +43,14 @@ def logit(p: np.ndarray) -> np.ndarray:
 def main() -> None:
     p = arguments(__doc__ or "")
     p.add_argument("--out", type=Path, default=OUT)
+    p.add_argument("--balance", action="append", choices=tuple(BALANCE), help="only these (repeatable)")
+    p.add_argument("--weight", action="append", type=float, help="only these n-gram weights (repeatable)")
     args = p.parse_args()
+    balances = {k: v for k, v in BALANCE.items() if not args.balance or k in args.balance}
+    weights = tuple(args.weight or WEIGHTS)
     samples, x = dataset(args)
     texts = [s.text for s in samples]
+    inputs = {"": x, " + shape": with_shape(x, texts)}  # what the MLP reads
     src = np.array([s.source for s in samples])
     split = np.array([s.split for s in samples])
     y = np.array([s.label for s in samples], dtype=np.float64)
@@ -61,15 +67,18 @@ def main() -> None:
         train = ~held & (split == "train") & ~out
         t0 = time.perf_counter()
         logits = {}
-        for balance, labels in BALANCE.items():
+        for balance, labels in balances.items():
             sw = by_source(y[train], src[train], labels)
-            z_mlp = logit(fit_mlp(x[train], y[train], args.seed, sw=sw).scores(x))
-            logits[f"MLP 64 (embedding); {balance} weighted"] = z_mlp
+            z_lex = {}
             for l2 in L2S:
                 w, b = fit_lexical(lex.subset(train), y[train], l2=l2, sw=sw)
-                z_lex = lex.dot(w) + b  # what combine(mlp, (w, b), weight) scores, without hashing again
-                logits.update({f"MLP 64 + {k:g} × n-grams (L2 {l2:g}); {balance} weighted": z_mlp + k * z_lex
-                               for k in WEIGHTS})
+                z_lex[l2] = lex.dot(w) + b  # what combine(mlp, (w, b), weight) scores, without hashing again
+            for shape, xs in inputs.items():
+                z_mlp = logit(fit_mlp(xs[train], y[train], args.seed, sw=sw).scores(xs))
+                logits[f"MLP 64 (embedding{shape}); {balance} weighted"] = z_mlp
+                logits.update({
+                    f"MLP 64{shape} + {k:g} × n-grams (L2 {l2:g}); {balance} weighted": z_mlp + k * z
+                    for l2, z in z_lex.items() for k in weights})
         for name, s in logits.items():
             at_val, t_val = detection_at(s[out], s[benign_val], 0.005)
             det = [at_val,
@@ -84,11 +93,15 @@ def main() -> None:
             rows.append(f"| {left_out} ({int(out.sum())}) | {name} | {cells} |")
         print("\n".join(rows[-len(logits):]), f"\n({time.perf_counter() - t0:.0f} s)", flush=True)
     chosen = max(worst, key=lambda k: worst[k])
+    grid = "".join(f" --balance '{b}'" for b in args.balance or ())
+    grid += "".join(f" --weight {w:g}" for w in args.weight or ())
+    grid += f" --out {os.path.relpath(args.out, OUT.parents[2])}" if args.out.resolve() != OUT else ""
     lines = [
         "# Injection screen: leave one source out",
         "",
-        f"Command: `python -m load.screen.sweep --repos DIR` (seed {args.seed}, {args.per_source} benign "
-        "texts drawn per benign source; data: load/screen/data.py). Each row's head never saw the "
+        f"Command: `python -m load.screen.sweep --repos DIR{grid}` (seed {args.seed}, "
+        f"{args.per_source} benign texts drawn per benign source; data: load/screen/data.py). "
+        "Each row's head never saw the "
         "left-out source's injections; the benign sources are in every fold (train split). "
         "Detection is over the left-out source's injections (every split); the threshold is set at "
         "the false-positive rate of the column on that benign reference.",

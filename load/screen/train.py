@@ -3,7 +3,8 @@
 The training sources (in-the-wild jailbreaks, jailbreak/injection templates, deepset's set,
 JailbreakBench's artefacts, promptmap's rules, LLM Guard's test prompts) and the benign sets,
 train split only; the held-out source (Tensor Trust) is never trained on. The head: a
-384-64-1 MLP over the embedding plus `--lex-weight` times a logistic regression over hashed
+384-64-1 MLP over the embedding (and, with `--shape`, the four numbers of how the text is
+written: `extproc.safety.screen.shape_features`) plus `--lex-weight` times a logistic regression over hashed
 character n-grams of the text (`--lex-l2`), fitted apart and added; the defaults are the
 candidate with the best worst fold out of source (`load.screen.sweep`); `--lex-weight 0`
 ships the MLP alone. The threshold is
@@ -13,14 +14,15 @@ set at the target false-positive rate on the benign validation split.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from pathlib import Path
 
 import numpy as np
 
-from extproc.safety.screen import HEAD_FILE, Head
+from extproc.safety.screen import HEAD_FILE
 
 from .data import HELD_OUT, Sample, benign, injections
-from .fit import Lexical, by_source, combine, detection_at, fit_lexical, fit_mlp
+from .fit import Lexical, by_source, combine, detection_at, fit_lexical, fit_mlp, with_shape
 from .vectors import vectors
 
 LEX_BITS = 18  # 262,144 n-gram buckets (512 KB as float16, most of them zero)
@@ -28,6 +30,7 @@ LEX_WEIGHT = 2.0  # load/results/screen_loso.md: the best worst fold out of sour
 LEX_L2 = 1e-4
 BALANCES: dict[str, tuple[int, ...]] = {"classes": (), "benign-sources": (0,), "all-sources": (0, 1)}
 BALANCE = "classes"
+SHAPE = True  # load/results/screen_loso.md: the best worst fold out of source, with the shape features
 
 PARAPHRASE = Path(__file__).resolve().parents[3] / "shared" / "data" / "paraphrase"
 CACHE = Path.home() / ".cache" / "llm-gate" / "screen" / "vectors.npz"
@@ -58,10 +61,13 @@ def main() -> None:
     p.add_argument("--lex-l2", type=float, default=LEX_L2)
     p.add_argument("--balance", choices=tuple(BALANCES), default=BALANCE,
                    help="sample weights: each class equal, and these classes' sources too")
+    p.add_argument("--shape", action=argparse.BooleanOptionalAction, default=SHAPE,
+                   help="the MLP also reads how the text is written (shape_features)")
     p.add_argument("--out", type=Path, default=HEAD_FILE)
     args = p.parse_args()
     samples, x = dataset(args)
     texts = [s.text for s in samples]
+    inputs = with_shape(x, texts) if args.shape else x  # what the MLP reads
     usable = np.array([s.source != HELD_OUT for s in samples])
     split = np.array([s.split for s in samples])
     y = np.array([s.label for s in samples], dtype=np.float64)
@@ -70,15 +76,17 @@ def main() -> None:
           f"val: {int(y[val].sum())} / {int((1 - y[val]).sum())}")
     src = np.array([s.source for s in samples])
     sw = by_source(y[train], src[train], BALANCES[args.balance])
-    head = fit_mlp(x[train], y[train], args.seed, sw=sw)
+    head = fit_mlp(inputs[train], y[train], args.seed, sw=sw)
+    if args.shape:
+        head = dataclasses.replace(head, kind="mlp+shape", shape=True)
     if args.lex_weight:
         lex = Lexical([t for t, keep in zip(texts, train, strict=True) if keep], LEX_BITS)
         head = combine(head, fit_lexical(lex, y[train], l2=args.lex_l2, sw=sw), args.lex_weight)
     val_texts = [t for t, keep in zip(texts, val, strict=True) if keep]
-    s = head.scores(x[val], val_texts if head.lex is not None else None)
+    s = head.scores(x[val], val_texts)
     det, t = detection_at(s[y[val] == 1], s[y[val] == 0], args.target_fpr)
     print(f"{head.kind}: validation detection {det:.3f} at {args.target_fpr:.2%} false positives")
-    chosen = Head(head.kind, head.w1, head.b1, head.w2, head.b2, t, head.embedder, head.lex)
+    chosen = dataclasses.replace(head, threshold=t)
     chosen.save(args.out)
     print(f"kept {chosen.kind}, threshold {chosen.threshold:.4f} -> {args.out}")
 
