@@ -3,7 +3,7 @@
 Two parts whose logits add up, trained together (`load/screen/train.py`):
 
 - over the embedding: a logistic regression or a one-hidden-layer MLP; the MLP may also read
-  four numbers on how the text is written (`shape_features`: floods of one pattern, glitch
+  three numbers on how the text is written (`shape_features`: floods of one pattern, glitch
   tokens said over and over, symbol soup), which no embedding of its first tokens shows;
 - over the text itself (optional): a linear model on hashed character n-grams of the whole
   text (lower-cased, whitespace collapsed; a long text is read at its start and its end). The
@@ -31,9 +31,9 @@ HEAD_FILE = Path(__file__).resolve().parent.parent / "data" / "screen_head.npz"
 
 LEX_ORDERS = (2, 3, 4, 5)  # character n-gram lengths
 LEX_EDGE = 1024  # a text longer than twice this is read at its first and last LEX_EDGE characters
-SHAPE_CHARS = 1024  # the shape features read this much of a text (its length counts whole)
+SHAPE_CHARS = 1024  # the shape features read this much of a text
 SHAPE_SCALE = 4.0  # their scale beside the unit-length embedding
-SHAPES = 4  # how many there are
+SHAPES = 3  # how many there are
 _SYMBOL = re.compile(r"[^\w\s]")
 _P = np.uint64(1_000_003)
 _GOLD = np.uint64(0x9E3779B97F4A7C15)
@@ -66,17 +66,18 @@ def lexical_ids(text: str, bits: int, orders: tuple[int, ...] = LEX_ORDERS) -> n
 
 def shape_features(text: str) -> np.ndarray:
     """How a text is written, apart from what it says, scaled to sit beside the embedding:
-    the share of its character 3-grams that repeat earlier ones, how far it compresses, its
-    share of symbols, and its length (log). A question is none of these; a flood of
-    `) ] } ) ] }`, a glitch token said twenty times or a wall of symbols is all of them."""
-    t = " ".join(text.split())
-    head = t[:SHAPE_CHARS]
+    the share of its character 3-grams that repeat earlier ones, how far it compresses, and
+    its share of symbols. A question is none of these; a flood of `) ] } ) ] }`, a glitch
+    token said twenty times or a wall of symbols is all of them. Length is left out on
+    purpose: the public jailbreaks are long and the benign sets short, and a head that
+    learned that would flag long ordinary texts."""
+    head = " ".join(text.split())[:SHAPE_CHARS]
     grams = max(len(head) - 2, 1)
     repeated = 1.0 - len({head[i : i + 3] for i in range(grams)}) / grams
     raw = head.encode()
     compressed = len(zlib.compress(raw)) / max(len(raw), 1)
     symbols = len(_SYMBOL.findall(head)) / max(len(head), 1)
-    return SHAPE_SCALE * np.array([repeated, compressed, symbols, np.log1p(len(t)) / 8])
+    return SHAPE_SCALE * np.array([repeated, compressed, symbols])
 
 
 @dataclass(frozen=True)
