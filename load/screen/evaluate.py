@@ -83,7 +83,7 @@ def main() -> None:
         f"test split of its first {args.per_source:,} (a text's split is fixed by its hash: no test "
         "text was trained on). "
         "The head's kind was chosen out of source, without the held-out source "
-        "(`python -m load.screen.sweep`, load/results/screen_loso.md).",
+        "(`python -m load.screen.sweep`, load/results/screen_loso.md and screen_loso_shape.md).",
         "",
         "## Detection at fixed false-positive rates",
         "",
@@ -111,6 +111,15 @@ def main() -> None:
     lines += ["", f"Held out at 0.7% false positives on CLINC150: {det:.1%}, 95% interval {lo:.1%}-{hi:.1%} "
               f"({BOOTSTRAP:,} bootstrap resamples of both the held-out injections and the reference, so "
               "the threshold's own uncertainty counts)."]
+    asked_test = (src == "instructions") & test
+    at_07 = detection_at(scores[held], scores[clinc], 0.007)[1]
+    lines += ["", "Operating points (`screen.threshold`, or per tier `tier_thresholds`): share flagged "
+              "at each threshold.", "",
+              "| threshold | held-out attacks | test-split instructions | CLINC150 test |",
+              "|---:|---:|---:|---:|"]
+    for t, name in ((at_07, " (0.7% on CLINC150)"), (0.9, ""), (0.99, ""), (head.threshold, " (shipped)")):
+        cells = [f"{(scores[m] > t).mean():.1%}" for m in (held, asked_test, clinc)]
+        lines.append(f"| {t:.4g}{name} | " + " | ".join(cells) + " |")
     lines += [
         "",
         f"## At the shipped threshold ({head.threshold:.4f})",
