@@ -30,7 +30,7 @@ LEX_WEIGHT = 2.0  # load/results/screen_loso.md: the best worst fold out of sour
 LEX_L2 = 1e-4
 BALANCES: dict[str, tuple[int, ...]] = {"classes": (), "benign-sources": (0,), "all-sources": (0, 1)}
 BALANCE = "classes"
-SHAPE = True  # load/results/screen_loso.md: the best worst fold out of source, with the shape features
+SHAPE = True  # load/results/screen_loso_shape.md: the best worst fold out of source
 
 PARAPHRASE = Path(__file__).resolve().parents[3] / "shared" / "data" / "paraphrase"
 CACHE = Path.home() / ".cache" / "llm-gate" / "screen" / "vectors.npz"
