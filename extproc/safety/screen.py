@@ -80,6 +80,13 @@ def shape_features(text: str) -> np.ndarray:
     return SHAPE_SCALE * np.array([repeated, compressed, symbols])
 
 
+def with_shape(vectors: np.ndarray, texts: list[str]) -> np.ndarray:
+    """Embeddings (one, or one row per text) with each text's `shape_features` beside them:
+    what a shape head's MLP reads."""
+    shapes = np.array([shape_features(t) for t in texts])
+    return np.hstack([vectors, shapes[0] if vectors.ndim == 1 else shapes])
+
+
 @dataclass(frozen=True)
 class Head:
     kind: str  # "logistic" or "mlp" (the embedding part); "+lex" when the text part is there
@@ -105,8 +112,7 @@ class Head:
         if self.shape:
             if texts is None:
                 raise ValueError("this head also reads how the text is written: pass it")
-            shapes = np.array([shape_features(t) for t in texts])
-            vectors = np.hstack([vectors, shapes[0] if vectors.ndim == 1 else shapes])
+            vectors = with_shape(vectors, texts)
         if self.w2 is None:
             return np.asarray(vectors @ self.w1 + self.b1.reshape(-1)[0])
         return np.asarray(np.maximum(vectors @ self.w1 + self.b1, 0.0) @ self.w2 + self.b2)

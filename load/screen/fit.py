@@ -9,7 +9,7 @@ import dataclasses
 import numpy as np
 from scipy import sparse  # type: ignore[import-untyped]
 
-from extproc.safety.screen import EMBEDDER, Head, lexical_ids, shape_features
+from extproc.safety.screen import EMBEDDER, Head, lexical_ids
 
 
 class Lexical:
@@ -36,11 +36,6 @@ class Lexical:
 
     def grad(self, err: np.ndarray) -> np.ndarray:
         return np.asarray(self.xt @ err)
-
-
-def with_shape(x: np.ndarray, texts: list[str]) -> np.ndarray:
-    """The embeddings with how each text is written beside them (what a `shape` head's MLP reads)."""
-    return np.hstack([x, np.array([shape_features(t) for t in texts])])
 
 
 def _adam(params: list[np.ndarray], grads: list[np.ndarray], state: list[list[np.ndarray]], step: int,

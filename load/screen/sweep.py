@@ -22,8 +22,10 @@ from pathlib import Path
 
 import numpy as np
 
+from extproc.safety.screen import with_shape
+
 from .data import HELD_OUT
-from .fit import Lexical, by_source, detection_at, fit_lexical, fit_mlp, with_shape
+from .fit import Lexical, by_source, detection_at, fit_lexical, fit_mlp
 from .train import LEX_BITS, arguments, dataset
 
 OUT = Path(__file__).resolve().parents[1] / "results" / "screen_loso.md"

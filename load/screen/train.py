@@ -19,10 +19,10 @@ from pathlib import Path
 
 import numpy as np
 
-from extproc.safety.screen import HEAD_FILE
+from extproc.safety.screen import HEAD_FILE, with_shape
 
 from .data import HELD_OUT, Sample, benign, injections
-from .fit import Lexical, by_source, combine, detection_at, fit_lexical, fit_mlp, with_shape
+from .fit import Lexical, by_source, combine, detection_at, fit_lexical, fit_mlp
 from .vectors import vectors
 
 LEX_BITS = 18  # 262,144 n-gram buckets (512 KB as float16, most of them zero)
