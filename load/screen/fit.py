@@ -103,6 +103,23 @@ def fit_mlp(x: np.ndarray, y: np.ndarray, seed: int, hidden: int = 64, l2: float
     return Head("mlp", w1, b1, w2, float(b2[0]), 0.5, EMBEDDER)
 
 
+def average(mlps: list[Head]) -> Head:
+    """MLPs whose logits are averaged, stored as one wider MLP (their hidden units side by side,
+    each output weight divided by their number): the same head format and scoring."""
+    if len(mlps) == 1:
+        return mlps[0]
+    return dataclasses.replace(
+        mlps[0], w1=np.hstack([h.w1 for h in mlps]), b1=np.concatenate([h.b1 for h in mlps]),
+        w2=np.concatenate([np.asarray(h.w2) for h in mlps]) / len(mlps),
+        b2=float(np.mean([h.b2 for h in mlps])))
+
+
+def fit_mlps(x: np.ndarray, y: np.ndarray, seed: int, members: int,
+             sw: np.ndarray | None = None) -> list[Head]:
+    """`members` MLPs from seeds seed, seed + 1, ... (`average` them: less of one start's luck)."""
+    return [fit_mlp(x, y, seed + i, sw=sw) for i in range(members)]
+
+
 def fit_lexical(lex: Lexical, y: np.ndarray, l2: float = 1e-4, steps: int = 300,
                 lr: float = 0.05, sw: np.ndarray | None = None) -> tuple[np.ndarray, float]:
     """A logistic regression on the n-grams alone (weights from zero: no random draw)."""

@@ -25,7 +25,7 @@ import numpy as np
 from extproc.safety.screen import with_shape
 
 from .data import HELD_OUT
-from .fit import Lexical, by_source, detection_at, fit_lexical, fit_mlp
+from .fit import Lexical, average, by_source, detection_at, fit_lexical, fit_mlps
 from .train import LEX_BITS, arguments, dataset
 
 OUT = Path(__file__).resolve().parents[1] / "results" / "screen_loso.md"
@@ -47,9 +47,12 @@ def main() -> None:
     p.add_argument("--out", type=Path, default=OUT)
     p.add_argument("--balance", action="append", choices=tuple(BALANCE), help="only these (repeatable)")
     p.add_argument("--weight", action="append", type=float, help="only these n-gram weights (repeatable)")
+    p.add_argument("--members", action="append", type=int,
+                   help="MLPs averaged per head, seeds seed, seed + 1, ... (repeatable; default 1)")
     args = p.parse_args()
     balances = {k: v for k, v in BALANCE.items() if not args.balance or k in args.balance}
     weights = tuple(args.weight or WEIGHTS)
+    members = tuple(args.members or (1,))
     samples, x = dataset(args)
     texts = [s.text for s in samples]
     inputs = {"": x, " + shape": with_shape(x, texts)}  # what the MLP reads
@@ -76,11 +79,14 @@ def main() -> None:
                 w, b = fit_lexical(lex.subset(train), y[train], l2=l2, sw=sw)
                 z_lex[l2] = lex.dot(w) + b  # what combine(mlp, (w, b), weight) scores, without hashing again
             for shape, xs in inputs.items():
-                z_mlp = logit(fit_mlp(xs[train], y[train], args.seed, sw=sw).scores(xs))
-                logits[f"MLP 64 (embedding{shape}); {balance} weighted"] = z_mlp
-                logits.update({
-                    f"MLP 64{shape} + {k:g} × n-grams (L2 {l2:g}); {balance} weighted": z_mlp + k * z
-                    for l2, z in z_lex.items() for k in weights})
+                mlps = fit_mlps(xs[train], y[train], args.seed, max(members), sw=sw)
+                for m in members:
+                    z_mlp = logit(average(mlps[:m]).scores(xs))
+                    mlp = "MLP 64" if m == 1 else f"MLP 64 × {m} seeds"
+                    logits[f"{mlp} (embedding{shape}); {balance} weighted"] = z_mlp
+                    logits.update({
+                        f"{mlp}{shape} + {k:g} × n-grams (L2 {l2:g}); {balance} weighted": z_mlp + k * z
+                        for l2, z in z_lex.items() for k in weights})
         for name, s in logits.items():
             at_val, t_val = detection_at(s[out], s[benign_val], 0.005)
             det = [at_val,
@@ -97,6 +103,7 @@ def main() -> None:
     chosen = max(worst, key=lambda k: worst[k])
     grid = "".join(f" --balance '{b}'" for b in args.balance or ())
     grid += "".join(f" --weight {w:g}" for w in args.weight or ())
+    grid += "".join(f" --members {m}" for m in args.members or ())
     grid += f" --out {os.path.relpath(args.out, OUT.parents[2])}" if args.out.resolve() != OUT else ""
     lines = [
         "# Injection screen: leave one source out",

@@ -22,7 +22,7 @@ import numpy as np
 from extproc.safety.screen import HEAD_FILE, with_shape
 
 from .data import HELD_OUT, Sample, benign, injections
-from .fit import Lexical, by_source, combine, detection_at, fit_lexical, fit_mlp
+from .fit import Lexical, average, by_source, combine, detection_at, fit_lexical, fit_mlps
 from .vectors import vectors
 
 LEX_BITS = 18  # 262,144 n-gram buckets (512 KB as float16, most of them zero)
@@ -31,6 +31,7 @@ LEX_L2 = 1e-4
 BALANCES: dict[str, tuple[int, ...]] = {"classes": (), "benign-sources": (0,), "all-sources": (0, 1)}
 BALANCE = "classes"
 SHAPE = True  # load/results/screen_loso_shape.md: the best worst fold out of source
+MEMBERS = 1
 
 PARAPHRASE = Path(__file__).resolve().parents[3] / "shared" / "data" / "paraphrase"
 CACHE = Path.home() / ".cache" / "llm-gate" / "screen" / "vectors.npz"
@@ -63,6 +64,7 @@ def main() -> None:
                    help="sample weights: each class equal, and these classes' sources too")
     p.add_argument("--shape", action=argparse.BooleanOptionalAction, default=SHAPE,
                    help="the MLP also reads how the text is written (shape_features)")
+    p.add_argument("--members", type=int, default=MEMBERS, help="MLPs averaged (seeds seed, seed + 1, ...)")
     p.add_argument("--out", type=Path, default=HEAD_FILE)
     args = p.parse_args()
     samples, x = dataset(args)
@@ -76,7 +78,7 @@ def main() -> None:
           f"val: {int(y[val].sum())} / {int((1 - y[val]).sum())}")
     src = np.array([s.source for s in samples])
     sw = by_source(y[train], src[train], BALANCES[args.balance])
-    head = fit_mlp(inputs[train], y[train], args.seed, sw=sw)
+    head = average(fit_mlps(inputs[train], y[train], args.seed, args.members, sw=sw))
     if args.shape:
         head = dataclasses.replace(head, kind="mlp+shape", shape=True)
     if args.lex_weight:
