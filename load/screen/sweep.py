@@ -10,8 +10,9 @@ L2 strengths; each with the classes weighted equally, and within the benign clas
 classes) each source weighted equally too.
 The rule, fixed before the folds were run: the candidate with the highest worst-fold
 detection at 0.7% FP against either customer-service reference is shipped
-(`load.screen.train`'s defaults). The held-out source (Tensor Trust) plays no part in the
-choice; its columns show how far each fold's head carries.
+(`load.screen.train`'s defaults); on a tie, the one listed first (fewer averaged MLPs).
+The held-out source (Tensor Trust) plays no part in the choice; its columns show how far
+each fold's head carries.
 """
 
 from __future__ import annotations
