@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import tomllib
 from pathlib import Path
 
 from extproc.gen import build
@@ -13,6 +14,15 @@ def test_generated_code_matches_the_proto(tmp_path: Path) -> None:
     stale = [name for name in fresh if fresh[name] != committed[name]]
     assert not stale, f"regenerate with `python -m extproc.gen.build`: {stale} differ from the proto"
     assert set(fresh) == {"scheduler_pb2.py", "scheduler_pb2.pyi", "scheduler_pb2_grpc.py"}
+
+
+def test_the_stubs_ask_for_the_grpcio_the_package_requires() -> None:
+    """The stubs refuse an older grpcio at import: the version they name is the floor a user
+    installs against, whatever grpcio-tools built them."""
+    text = (build.OUT / "scheduler_pb2_grpc.py").read_text()
+    assert f"GRPC_GENERATED_VERSION = '{build.GRPC_FLOOR}'" in text
+    pyproject = tomllib.loads((build.REPO / "pyproject.toml").read_text())
+    assert f"grpcio>={build.GRPC_FLOOR}" in pyproject["project"]["dependencies"]
 
 
 def test_generated_stubs_import_the_messages_relatively() -> None:
