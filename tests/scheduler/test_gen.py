@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import tomllib
 from pathlib import Path
 
@@ -16,13 +17,19 @@ def test_generated_code_matches_the_proto(tmp_path: Path) -> None:
     assert set(fresh) == {"scheduler_pb2.py", "scheduler_pb2.pyi", "scheduler_pb2_grpc.py"}
 
 
-def test_the_stubs_ask_for_the_grpcio_the_package_requires() -> None:
+def test_the_generated_code_asks_for_the_grpcio_and_protobuf_the_package_requires() -> None:
     """The stubs refuse an older grpcio at import: the version they name is the floor a user
     installs against, whatever grpcio-tools built them."""
     text = (build.OUT / "scheduler_pb2_grpc.py").read_text()
     assert f"GRPC_GENERATED_VERSION = '{build.GRPC_FLOOR}'" in text
     pyproject = tomllib.loads((build.REPO / "pyproject.toml").read_text())
-    assert f"grpcio>={build.GRPC_FLOOR}" in pyproject["project"]["dependencies"]
+    needs = pyproject["project"]["dependencies"]
+    assert f"grpcio>={build.GRPC_FLOOR}" in needs
+    # the messages refuse an older protobuf at import: the package asks for at least that one
+    generated_for = re.search(r"^# Protobuf Python Version: (\S+)$",
+                              (build.OUT / "scheduler_pb2.py").read_text(), re.MULTILINE)
+    assert generated_for is not None
+    assert any(n.startswith(f"protobuf>={generated_for.group(1)},") for n in needs)
 
 
 def test_generated_stubs_import_the_messages_relatively() -> None:
