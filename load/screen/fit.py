@@ -115,9 +115,9 @@ def average(mlps: list[Head]) -> Head:
 
 
 def fit_mlps(x: np.ndarray, y: np.ndarray, seed: int, members: int,
-             sw: np.ndarray | None = None) -> list[Head]:
+             sw: np.ndarray | None = None, hidden: int = 64, steps: int = 600) -> list[Head]:
     """`members` MLPs from seeds seed, seed + 1, ... (`average` them: less of one start's luck)."""
-    return [fit_mlp(x, y, seed + i, sw=sw) for i in range(members)]
+    return [fit_mlp(x, y, seed + i, hidden=hidden, steps=steps, sw=sw) for i in range(members)]
 
 
 def fit_lexical(lex: Lexical, y: np.ndarray, l2: float = 1e-4, steps: int = 300,

@@ -17,6 +17,7 @@ each fold's head carries.
 
 from __future__ import annotations
 
+import itertools
 import os
 import time
 from pathlib import Path
@@ -27,7 +28,7 @@ from extproc.safety.screen import with_shape
 
 from .data import HELD_OUT
 from .fit import Lexical, average, by_source, detection_at, fit_lexical, fit_mlps
-from .train import LEX_BITS, arguments, dataset
+from .train import HIDDEN, LEX_BITS, STEPS, arguments, dataset
 
 OUT = Path(__file__).resolve().parents[1] / "results" / "screen_loso.md"
 FOLDS = ("itw", "templates", "deepset", "jbb", "promptmap", "llmguard", "xsafety", "hackaprompt", "jailbench",
@@ -50,13 +51,23 @@ def main() -> None:
     p.add_argument("--weight", action="append", type=float, help="only these n-gram weights (repeatable)")
     p.add_argument("--members", action="append", type=int,
                    help="MLPs averaged per head, seeds seed, seed + 1, ... (repeatable; default 1)")
+    p.add_argument("--hidden", action="append", type=int,
+                   help="the MLP's hidden units (repeatable; default 64)")
+    p.add_argument("--steps", action="append", type=int,
+                   help="the MLP's full-batch training steps (repeatable; default 600)")
+    p.add_argument("--shape", action="append", choices=("with", "without"),
+                   help="only heads with or without the shape features (repeatable; default both)")
     args = p.parse_args()
     balances = {k: v for k, v in BALANCE.items() if not args.balance or k in args.balance}
     weights = tuple(args.weight or WEIGHTS)
     members = tuple(args.members or (1,))
+    hiddens = tuple(args.hidden or (HIDDEN,))
+    steps = tuple(args.steps or (STEPS,))
     samples, x = dataset(args)
     texts = [s.text for s in samples]
     inputs = {"": x, " + shape": with_shape(x, texts)}  # what the MLP reads
+    if args.shape:
+        inputs = {k: v for k, v in inputs.items() if ("with" if k else "without") in args.shape}
     src = np.array([s.source for s in samples])
     split = np.array([s.split for s in samples])
     y = np.array([s.label for s in samples], dtype=np.float64)
@@ -79,11 +90,12 @@ def main() -> None:
             for l2 in L2S:
                 w, b = fit_lexical(lex.subset(train), y[train], l2=l2, sw=sw)
                 z_lex[l2] = lex.dot(w) + b  # what combine(mlp, (w, b), weight) scores, without hashing again
-            for shape, xs in inputs.items():
-                mlps = fit_mlps(xs[train], y[train], args.seed, max(members), sw=sw)
+            for (shape, xs), h, n in itertools.product(inputs.items(), hiddens, steps):
+                mlps = fit_mlps(xs[train], y[train], args.seed, max(members), sw=sw, hidden=h, steps=n)
                 for m in members:
                     z_mlp = logit(average(mlps[:m]).scores(xs))
-                    mlp = "MLP 64" if m == 1 else f"MLP 64 × {m} seeds"
+                    mlp = f"MLP {h}" + (f" ({n} steps)" if args.steps else "")
+                    mlp += f" × {m} seeds" if m > 1 else ""
                     logits[f"{mlp} (embedding{shape}); {balance} weighted"] = z_mlp
                     logits.update({
                         f"{mlp}{shape} + {k:g} × n-grams (L2 {l2:g}); {balance} weighted": z_mlp + k * z
@@ -105,6 +117,9 @@ def main() -> None:
     grid = "".join(f" --balance '{b}'" for b in args.balance or ())
     grid += "".join(f" --weight {w:g}" for w in args.weight or ())
     grid += "".join(f" --members {m}" for m in args.members or ())
+    grid += "".join(f" --hidden {h}" for h in args.hidden or ())
+    grid += "".join(f" --steps {n}" for n in args.steps or ())
+    grid += "".join(f" --shape {w}" for w in args.shape or ())
     grid += " --with-extra" if args.with_extra else ""
     grid += f" --out {os.path.relpath(args.out, OUT.parents[2])}" if args.out.resolve() != OUT else ""
     lines = [

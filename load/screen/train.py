@@ -32,6 +32,8 @@ BALANCES: dict[str, tuple[int, ...]] = {"classes": (), "benign-sources": (0,), "
 BALANCE = "classes"
 SHAPE = True  # load/results/screen_loso_shape.md: the best worst fold out of source
 MEMBERS = 1
+HIDDEN = 64  # the MLP's hidden units (load/results/screen_loso_hidden.md: 128 ties, 32 is worse)
+STEPS = 600  # the MLP's full-batch training steps
 
 PARAPHRASE = Path(__file__).resolve().parents[3] / "shared" / "data" / "paraphrase"
 CACHE = Path.home() / ".cache" / "llm-gate" / "screen" / "vectors.npz"
@@ -67,6 +69,8 @@ def main() -> None:
     p.add_argument("--shape", action=argparse.BooleanOptionalAction, default=SHAPE,
                    help="the MLP also reads how the text is written (shape_features)")
     p.add_argument("--members", type=int, default=MEMBERS, help="MLPs averaged (seeds seed, seed + 1, ...)")
+    p.add_argument("--hidden", type=int, default=HIDDEN, help="the MLP's hidden units")
+    p.add_argument("--steps", type=int, default=STEPS, help="the MLP's full-batch training steps")
     p.add_argument("--out", type=Path, default=HEAD_FILE)
     args = p.parse_args()
     samples, x = dataset(args)
@@ -80,7 +84,8 @@ def main() -> None:
           f"val: {int(y[val].sum())} / {int((1 - y[val]).sum())}")
     src = np.array([s.source for s in samples])
     sw = by_source(y[train], src[train], BALANCES[args.balance])
-    head = average(fit_mlps(inputs[train], y[train], args.seed, args.members, sw=sw))
+    head = average(fit_mlps(inputs[train], y[train], args.seed, args.members, sw=sw, hidden=args.hidden,
+                            steps=args.steps))
     if args.shape:
         head = dataclasses.replace(head, kind="mlp+shape", shape=True)
     if args.lex_weight:

@@ -90,6 +90,8 @@ def test_seed_ensemble_is_one_wider_mlp_scoring_the_mean_of_its_members_logits()
     assert not np.allclose(logits(members[0]), logits(members[1]))  # the seeds do differ
     assert members[1].fingerprint() == fit_mlp(x, y, 12).fingerprint()  # seed, seed + 1, ...
     assert average(members[:1]) is members[0]
+    narrow = average(fit_mlps(x, y, 11, 2, hidden=16))  # the sweep's other widths
+    assert narrow.w1.shape == (6, 2 * 16) and narrow.scores(near).shape == (120,)
 
 
 def test_shape_features_tell_a_flood_from_a_question() -> None:
