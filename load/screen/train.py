@@ -33,7 +33,7 @@ BALANCE = "classes"
 SHAPE = True  # load/results/screen_loso_shape.md: the best worst fold out of source
 MEMBERS = 1
 HIDDEN = 64  # the MLP's hidden units (load/results/screen_loso_hidden.md: 128 ties, 32 is worse)
-STEPS = 600  # the MLP's full-batch training steps
+STEPS = 600  # the MLP's full-batch training steps (load/results/screen_loso_steps.md: 300, 1,200 worse)
 
 PARAPHRASE = Path(__file__).resolve().parents[3] / "shared" / "data" / "paraphrase"
 CACHE = Path.home() / ".cache" / "llm-gate" / "screen" / "vectors.npz"
