@@ -7,7 +7,8 @@ on the benign references (the test split of CLINC150, en, and of ATEC, zh) and a
 the benign validation split (the rate the shipped threshold is set at). The candidates: the
 MLP over the embedding alone, and with the n-gram model's logit added at several weights and
 L2 strengths; each with the classes weighted equally, and within the benign class (or both
-classes) each source weighted equally too.
+classes) each source weighted equally too. With `--reading`, the MLP may also read the max over the
+text's token states, alone or beside the embedding (load/screen/vectors.py).
 The rule, fixed before the folds were run: the candidate with the highest worst-fold
 detection at 0.7% FP against either customer-service reference is shipped
 (`load.screen.train`'s defaults); on a tie, the one listed first (fewer averaged MLPs).
@@ -29,6 +30,7 @@ from extproc.safety.screen import with_shape
 from .data import HELD_OUT
 from .fit import Lexical, average, by_source, detection_at, fit_lexical, fit_mlps
 from .train import HIDDEN, LEX_BITS, STEPS, arguments, dataset
+from .vectors import max_vectors
 
 OUT = Path(__file__).resolve().parents[1] / "results" / "screen_loso.md"
 FOLDS = ("itw", "templates", "deepset", "jbb", "promptmap", "llmguard", "xsafety", "hackaprompt", "jailbench",
@@ -37,6 +39,10 @@ L2S = (1e-4,)  # 1e-5 and 1e-3 had worse worst folds (67.7%, 73.0%) in a wider r
 WEIGHTS = (2.0, 4.0, 6.0, 8.0, 12.0)
 BALANCE: dict[str, tuple[int, ...]] = {  # sample weights: each class equal, and these classes' sources too
     "classes": (), "benign sources": (0,), "all sources": (0, 1)}
+READINGS = {  # what the MLP reads of the model's last layer: its name, and its tag in a head's name
+    "mean": ("embedding", ""),  # the sentence embedding, as the gate computes it
+    "max": ("token max", " on token max"),  # the max over the token states (load/screen/vectors.py)
+    "mean+max": ("embedding + token max", " + token max")}
 
 
 def logit(p: np.ndarray) -> np.ndarray:
@@ -57,6 +63,9 @@ def main() -> None:
                    help="the MLP's full-batch training steps (repeatable; default 600)")
     p.add_argument("--shape", action="append", choices=("with", "without"),
                    help="only heads with or without the shape features (repeatable; default both)")
+    p.add_argument("--reading", action="append", choices=tuple(READINGS),
+                   help="what the MLP reads of the model: the sentence embedding (the gate's), the max "
+                        "over the token states, or both side by side (repeatable; default mean)")
     args = p.parse_args()
     balances = {k: v for k, v in BALANCE.items() if not args.balance or k in args.balance}
     weights = tuple(args.weight or WEIGHTS)
@@ -65,9 +74,16 @@ def main() -> None:
     steps = tuple(args.steps or (STEPS,))
     samples, x = dataset(args)
     texts = [s.text for s in samples]
-    inputs = {"": x, " + shape": with_shape(x, texts)}  # what the MLP reads
-    if args.shape:
-        inputs = {k: v for k, v in inputs.items() if ("with" if k else "without") in args.shape}
+    reads = args.reading or ["mean"]
+    mx = max_vectors(texts, args.cache) if {"max", "mean+max"} & set(reads) else x
+    inputs: dict[tuple[str, str], np.ndarray] = {}  # (what the MLP reads, its tag in a head's name)
+    for r in reads:
+        xr = {"mean": x, "max": mx, "mean+max": np.hstack([x, mx])}[r]
+        what, tag = READINGS[r]
+        if "without" in (args.shape or ("without",)):
+            inputs[(what, tag)] = xr
+        if "with" in (args.shape or ("with",)):
+            inputs[(f"{what} + shape", f"{tag} + shape")] = with_shape(xr, texts)
     src = np.array([s.source for s in samples])
     split = np.array([s.split for s in samples])
     y = np.array([s.label for s in samples], dtype=np.float64)
@@ -90,15 +106,15 @@ def main() -> None:
             for l2 in L2S:
                 w, b = fit_lexical(lex.subset(train), y[train], l2=l2, sw=sw)
                 z_lex[l2] = lex.dot(w) + b  # what combine(mlp, (w, b), weight) scores, without hashing again
-            for (shape, xs), h, n in itertools.product(inputs.items(), hiddens, steps):
+            for ((what, tag), xs), h, n in itertools.product(inputs.items(), hiddens, steps):
                 mlps = fit_mlps(xs[train], y[train], args.seed, max(members), sw=sw, hidden=h, steps=n)
                 for m in members:
                     z_mlp = logit(average(mlps[:m]).scores(xs))
                     mlp = f"MLP {h}" + (f" ({n} steps)" if args.steps else "")
                     mlp += f" × {m} seeds" if m > 1 else ""
-                    logits[f"{mlp} (embedding{shape}); {balance} weighted"] = z_mlp
+                    logits[f"{mlp} ({what}); {balance} weighted"] = z_mlp
                     logits.update({
-                        f"{mlp}{shape} + {k:g} × n-grams (L2 {l2:g}); {balance} weighted": z_mlp + k * z
+                        f"{mlp}{tag} + {k:g} × n-grams (L2 {l2:g}); {balance} weighted": z_mlp + k * z
                         for l2, z in z_lex.items() for k in weights})
         for name, s in logits.items():
             at_val, t_val = detection_at(s[out], s[benign_val], 0.005)
@@ -120,6 +136,7 @@ def main() -> None:
     grid += "".join(f" --hidden {h}" for h in args.hidden or ())
     grid += "".join(f" --steps {n}" for n in args.steps or ())
     grid += "".join(f" --shape {w}" for w in args.shape or ())
+    grid += "".join(f" --reading {r}" for r in args.reading or ())
     grid += " --with-extra" if args.with_extra else ""
     grid += f" --out {os.path.relpath(args.out, OUT.parents[2])}" if args.out.resolve() != OUT else ""
     lines = [
