@@ -12,6 +12,8 @@ text's token states, alone or beside the embedding (load/screen/vectors.py).
 The rule, fixed before the folds were run: the candidate with the highest worst-fold
 detection at 0.7% FP against either customer-service reference is shipped
 (`load.screen.train`'s defaults); on a tie, the one listed first (fewer averaged MLPs).
+One pick was not shipped, in the open: the token max alone (docs/safety.md), which won by
+three texts of one 48-text fold and lost on most others.
 The held-out source (Tensor Trust) plays no part in the choice; its columns show how far
 each fold's head carries.
 """
