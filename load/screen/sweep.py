@@ -76,15 +76,15 @@ def main() -> None:
     steps = tuple(args.steps or (STEPS,))
     samples, x = dataset(args)
     texts = [s.text for s in samples]
-    reads = args.reading or ["mean"]
-    mx = max_vectors(texts, args.cache) if {"max", "mean+max"} & set(reads) else x
+    shapes = args.shape or ["without", "with"]
     inputs: dict[tuple[str, str], np.ndarray] = {}  # (what the MLP reads, its tag in a head's name)
-    for r in reads:
-        xr = {"mean": x, "max": mx, "mean+max": np.hstack([x, mx])}[r]
+    for r in args.reading or ["mean"]:
+        xr = x if r == "mean" else max_vectors(texts, args.cache)  # cached on disk after the first
+        xr = np.hstack([x, xr]) if r == "mean+max" else xr
         what, tag = READINGS[r]
-        if "without" in (args.shape or ("without",)):
+        if "without" in shapes:
             inputs[(what, tag)] = xr
-        if "with" in (args.shape or ("with",)):
+        if "with" in shapes:
             inputs[(f"{what} + shape", f"{tag} + shape")] = with_shape(xr, texts)
     src = np.array([s.source for s in samples])
     split = np.array([s.split for s in samples])
