@@ -36,7 +36,7 @@ from .vectors import max_vectors
 
 OUT = Path(__file__).resolve().parents[1] / "results" / "screen_loso.md"
 FOLDS = ("itw", "templates", "deepset", "jbb", "promptmap", "llmguard", "xsafety", "hackaprompt", "jailbench",
-         "pyrit", "pallms", "gandalf", "cyberseceval")
+         "pyrit", "pallms", "gandalf", "cyberseceval", "arcanum", "tasktracker")
 L2S = (1e-4,)  # 1e-5 and 1e-3 had worse worst folds (67.7%, 73.0%) in a wider run
 WEIGHTS = (2.0, 4.0, 6.0, 8.0, 12.0)
 BALANCE: dict[str, tuple[int, ...]] = {  # sample weights: each class equal, and these classes' sources too
@@ -140,6 +140,7 @@ def main() -> None:
     grid += "".join(f" --shape {w}" for w in args.shape or ())
     grid += "".join(f" --reading {r}" for r in args.reading or ())
     grid += " --with-extra" if args.with_extra else ""
+    grid += " --with-catalogues" if args.with_catalogues else ""
     grid += f" --out {os.path.relpath(args.out, OUT.parents[2])}" if args.out.resolve() != OUT else ""
     lines = [
         "# Injection screen: leave one source out",

