@@ -83,7 +83,7 @@ def main() -> None:
         f"test split of its first {args.per_source:,} (a text's split is fixed by its hash: no test "
         "text was trained on). "
         "The head's kind was chosen out of source, without the held-out source "
-        "(`python -m load.screen.sweep`, load/results/screen_loso.md and screen_loso_shape.md).",
+        "(`python -m load.screen.sweep`, load/results/screen_loso_catalogues.md).",
         "",
         "## Detection at fixed false-positive rates",
         "",

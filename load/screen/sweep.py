@@ -140,7 +140,6 @@ def main() -> None:
     grid += "".join(f" --shape {w}" for w in args.shape or ())
     grid += "".join(f" --reading {r}" for r in args.reading or ())
     grid += " --with-extra" if args.with_extra else ""
-    grid += " --with-catalogues" if args.with_catalogues else ""
     grid += f" --out {os.path.relpath(args.out, OUT.parents[2])}" if args.out.resolve() != OUT else ""
     lines = [
         "# Injection screen: leave one source out",
