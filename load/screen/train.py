@@ -4,12 +4,12 @@ The training sources (load/screen/data.py: in-the-wild jailbreaks, jailbreak/inj
 templates, deepset's set, JailbreakBench's artefacts, promptmap's rules, LLM Guard's test
 prompts, ..., Arcanum's taxonomy examples, TaskTracker's override preambles) and the benign
 sets, train split only; the held-out source (Tensor Trust) is never trained on. The head: a
-384-64-1 MLP over the embedding (and, with `--shape`, the three
-numbers of how the text is written: `extproc.safety.screen.shape_features`) plus
-`--lex-weight` times a logistic regression over hashed character n-grams of the text
-(`--lex-l2`), fitted apart and added; the defaults are the candidate with the best worst fold
-out of source (`load.screen.sweep`); `--lex-weight 0` ships the MLP alone. The threshold is
-set at the target false-positive rate on the benign validation split.
+384-64-1 MLP over the embedding (and, with `--shape`, the three numbers of how the text is
+written: `extproc.safety.screen.shape_features`) plus `--lex-weight` times a logistic
+regression over hashed character n-grams of the text (`--lex-l2`), fitted apart and added;
+the defaults are the candidate with the best worst fold out of source (`load.screen.sweep`);
+`--lex-weight 0` ships the MLP alone. The threshold is set at the target false-positive rate
+on the benign validation split.
 """
 
 from __future__ import annotations
