@@ -432,9 +432,9 @@ def arcanum(repos: Path) -> list[str]:
 
 def tasktracker(repos: Path) -> list[str]:
     folder = "task_tracker/dataset_creation/datasets"
-    lines = [line for name in ("saved_injections.txt", "saved_injections_test.txt")
-             for line in _show(repos, "microsoft/TaskTracker", f"{folder}/{name}").splitlines()]
-    return [line.strip() for line in lines if line.strip()]
+    text = "\n".join(_show(repos, "microsoft/TaskTracker", f"{folder}/{name}")
+                     for name in ("saved_injections.txt", "saved_injections_test.txt"))
+    return [line.strip() for line in text.splitlines() if line.strip()]
 
 
 def instructions(repos: Path) -> list[str]:
