@@ -372,7 +372,8 @@ def run_variant(variant: Variant, work: Path, args: argparse.Namespace) -> dict[
             rounds = big_rounds(wrk, url, proc, work, args, variant.big_prompts, variant.conversation)
             return checked(rounds, work)
         cpu_before = group_cpu_seconds(proc.pid) if proc else 0.0
-        before = embedding_counts(metrics_ports) if variant.embedder else {}
+        counted = bool(metrics_ports) and (variant.embedder is not None or variant.group == "c1")
+        before = embedding_counts(metrics_ports) if counted else {}
         embed_cpu_before = thread_cpu_seconds(proc.pid, "embed-") if proc and variant.embedder else 0.0
         spy = profile(proc, variant, args) if proc and args.profile else None
         spy = perf_record(proc, variant, args) if proc and args.perf else spy
@@ -381,8 +382,11 @@ def run_variant(variant: Variant, work: Path, args: argparse.Namespace) -> dict[
             spy.wait(30)
         cpu = (group_cpu_seconds(proc.pid) - cpu_before) if proc else 0.0
         result["cpu_ms_per_req"] = 1000 * cpu / max(result["requests"], 1)
-        if variant.embedder:
+        if counted:
             after = embedding_counts(metrics_ports)
+            answered = max(after["requests"] - before["requests"], 1)
+            result["gate_ms"] = 1000 * (after["own_s"] - before["own_s"]) / answered
+        if variant.embedder:
             result["embedded_per_s"] = (after["embedded"] - before["embedded"]) / args.duration
             result["embed_shed"] = after["shed"] - before["shed"]
             embed_cpu = thread_cpu_seconds(proc.pid, "embed-") - embed_cpu_before if proc else 0.0
@@ -391,8 +395,6 @@ def run_variant(variant: Variant, work: Path, args: argparse.Namespace) -> dict[
             batches = max(after["batches"] - before["batches"], 1)
             result["mean_batch"] = texts / batches
             result["embed_ms"] = 1000 * (after["embed_s"] - before["embed_s"]) / batches
-            answered = max(after["requests"] - before["requests"], 1)
-            result["gate_ms"] = 1000 * (after["own_s"] - before["own_s"]) / answered
             for reason in SKIP_REASONS:
                 result[f"skip_{reason}"] = after[reason] - before[reason]
         return result
@@ -619,11 +621,16 @@ def report(rows: list[tuple[Variant, dict[str, float]]], args: argparse.Namespac
     c1 = [(v, r) for v, r in rows if v.group == "c1"]
     if c1:
         base = by_name.get(f"c1: {NOOP}")
-        lines += ["", "At one connection: the latency the gate adds to the no-op ext_proc hop.", ""]
-        lines += ["| variant | p50 ms | p99 ms | added p50 ms |", "|---|---:|---:|---:|"]
+        lines += ["", "At one connection: the latency the gate adds to the no-op ext_proc hop, and how much "
+                  "of it is the gate's own work (`gate_ms`, the mean time its answers to Envoy's messages "
+                  "took, as the access line has it); the rest is the hop's messages themselves.", ""]
+        lines += ["| variant | p50 ms | p99 ms | added p50 ms | gate_ms | rest ms |",
+                  "|---|---:|---:|---:|---:|---:|"]
         for v, r in c1:
-            added = f"{r['p50'] - base['p50']:+.2f}" if base else "-"
-            lines.append(f"| {v.name} | {r['p50']:.2f} | {r['p99']:.2f} | {added} |")
+            added, own = (r["p50"] - base["p50"] if base else None), r.get("gate_ms")
+            cells = [f"{added:+.2f}" if added is not None else "-", f"{own:.2f}" if own is not None else "-",
+                     f"{added - own:+.2f}" if added is not None and own is not None else "-"]
+            lines.append(f"| {v.name} | {r['p50']:.2f} | {r['p99']:.2f} | {' | '.join(cells)} |")
         semantic_c1 = [(v, r) for v, r in c1 if v.embedder]
         if semantic_c1:
             lines += ["", "A semantic miss at one connection: the gate's own time per request (`gate_ms`, "
