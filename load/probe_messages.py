@@ -11,7 +11,12 @@ save a message:
   body message (Envoy sends attributes with the first message of a phase);
 - the same with Envoy's buffer filter before the router, so the router waits for the body;
 - a `mode_override` (response headers SKIP) in the answer to the body, where the gate first
-  knows whether it needs the answer.
+  knows whether it needs the answer;
+- the same override in the answer to the headers, the answer's body BUFFERED and its status
+  sent as a `response_attributes` of that body: a captured answer in one message, if the
+  gate could choose before the body and could still set the client's headers;
+- the headers' answer held until the body has come (`send_body_without_waiting_for_header_response`,
+  the body STREAMED), so that the override is chosen knowing the body.
 
     python -m load.probe_messages   (writes load/results/probe_messages.md)
 """
@@ -47,6 +52,7 @@ RESULTS = Path(__file__).parent / "results" / "probe_messages.md"
 Mode = processing_mode_pb2.ProcessingMode
 BUFFER = "type.googleapis.com/envoy.extensions.filters.http.buffer.v3.Buffer"
 ATTRIBUTES = ["request.method", "request.path", "request.headers['content-type']"]
+MARK = "x-gate-cache"  # a header the processor sets on the client's answer in its last answer
 
 
 @dataclass
@@ -55,6 +61,8 @@ class Way:
     skip_headers: bool = False
     buffer_filter: bool = False
     override_in_body: bool = False  # the body's answer asks Envoy to skip the response headers
+    override_in_headers: bool = False  # the headers' answer does
+    hold_headers: bool = False  # the headers' answer waits for the body (which then streams)
 
 
 @dataclass
@@ -64,16 +72,28 @@ class Recorder(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
     way: Way
     seen: list[str] = field(default_factory=list)
     attributes: set[str] = field(default_factory=set)
+    response_attributes: set[str] = field(default_factory=set)
 
     async def Process(  # noqa: N802 - the gRPC method name
         self, requests: AsyncIterator[pb.ProcessingRequest], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.ProcessingResponse]:
+        chunks = 0  # body messages not answered yet (held with the headers' answer)
         async for request in requests:
             phase = request.WhichOneof("request")
             self.seen.append(phase)
+            into = self.response_attributes if phase.startswith("response") else self.attributes
             for found in request.attributes.values():
-                self.attributes.update(found.fields)
-            if phase == "request_body":
+                into.update(found.fields)
+            if phase == "request_headers":
+                if not self.way.hold_headers:
+                    yield self.headers_answer(route=False)
+            elif phase == "request_body" and self.way.hold_headers:
+                chunks += 1
+                if request.request_body.end_of_stream:
+                    yield self.headers_answer(route=True)
+                    for _ in range(chunks):
+                        yield pb.ProcessingResponse(request_body=pb.BodyResponse())
+            elif phase == "request_body":
                 answer = pb.ProcessingResponse()
                 answer.CopyFrom(continue_response(phase, Continue(set_headers={"x-gate-cluster": "primary"},
                                                                  clear_route=True)))
@@ -82,10 +102,22 @@ class Recorder(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
                         request_header_mode=Mode.SEND, request_body_mode=Mode.BUFFERED,
                         response_header_mode=Mode.SKIP, response_body_mode=Mode.NONE))
                 yield answer
-            elif phase in ("request_headers", "response_headers"):
-                yield pb.ProcessingResponse(**{phase: pb.HeadersResponse()})
-            else:
-                yield pb.ProcessingResponse(**{phase: pb.BodyResponse()})
+            elif phase == "response_headers":
+                yield pb.ProcessingResponse(response_headers=pb.HeadersResponse())
+            else:  # the answer's body: where the gate, capturing it, would set its headers
+                yield continue_response(phase, Continue(set_headers={MARK: "miss"}))
+
+    def headers_answer(self, route: bool) -> pb.ProcessingResponse:
+        cont = Continue(set_headers={"x-gate-cluster": "primary"}, clear_route=True) if route else Continue()
+        answer = pb.ProcessingResponse()
+        answer.CopyFrom(continue_response("request_headers", cont))
+        if self.way.override_in_headers or self.way.hold_headers:
+            # the request's body as configured; the answer's body in one message, with its
+            # status as an attribute, and no message for the answer's headers
+            body = Mode.STREAMED if self.way.hold_headers else Mode.BUFFERED
+            answer.mode_override.CopyFrom(Mode(request_body_mode=body, response_header_mode=Mode.SKIP,
+                                               response_body_mode=Mode.BUFFERED))
+        return answer
 
 
 def bootstrap(way: Way, gate: int, work: Path) -> tuple[dict[str, Any], int, int]:
@@ -99,6 +131,11 @@ def bootstrap(way: Way, gate: int, work: Path) -> tuple[dict[str, Any], int, int
     if way.skip_headers:
         ext_proc["processing_mode"]["request_header_mode"] = "SKIP"
         ext_proc["request_attributes"] = ATTRIBUTES
+    if way.override_in_headers or way.hold_headers:
+        ext_proc["response_attributes"] = ["response.code"]
+    if way.hold_headers:
+        ext_proc["processing_mode"]["request_body_mode"] = "STREAMED"
+        ext_proc["send_body_without_waiting_for_header_response"] = True
     if way.buffer_filter:
         hcm["http_filters"].insert(-1, {"name": "envoy.filters.http.buffer",
                                         "typed_config": {"@type": BUFFER, "max_request_bytes": 1 << 20}})
@@ -122,7 +159,8 @@ async def probe(way: Way, work: Path) -> dict[str, Any]:
         await asyncio.sleep(0.2)
         code = r.json().get("error", {}).get("code") if r.status_code != 200 else None
         return {"status": r.status_code, "code": code, "seen": list(recorder.seen),
-                "attributes": bool(recorder.attributes)}
+                "attributes": bool(recorder.attributes),
+                "status_attribute": bool(recorder.response_attributes), "marked": MARK in r.headers}
     finally:
         os.killpg(envoy.pid, 15)
         envoy.wait(10)
@@ -134,6 +172,8 @@ WAYS = [
     Way("headers skipped, sent as the body's attributes", skip_headers=True),
     Way("headers skipped, buffer filter before the router", skip_headers=True, buffer_filter=True),
     Way("response headers skipped by the body's answer", override_in_body=True),
+    Way("response headers skipped by the headers' answer", override_in_headers=True),
+    Way("headers' answer held until the body came", hold_headers=True),
 ]
 
 
@@ -142,6 +182,17 @@ def verdict(way: Way, result: dict[str, Any]) -> str:
     if way.override_in_body:
         ignored = "response_headers" in seen
         return "ignored: Envoy takes a mode_override only in answers to headers" if ignored else "honoured"
+    if way.hold_headers:
+        if "response_headers" in seen:
+            return (f"routed, but the override was ignored: the body came in {seen.count('request_body')} "
+                    "messages and the answer's headers in one more")
+        return "honoured"
+    if way.override_in_headers:
+        if "response_headers" in seen or not result["status_attribute"]:
+            return "ignored"
+        dropped = "" if result["marked"] else ", but a header set in its answer never reaches the client"
+        return ("the answer came in one message with its status" + dropped
+                + "; the choice is made before the body says whether the answer streams")
     if result["status"] == 200:
         return "routed by the processor"
     if "request_body" not in seen:
@@ -169,8 +220,12 @@ def main(argv: list[str] | None = None) -> int:
         f"# Fewer ext_proc messages per request: what Envoy {version} does "
         f"({time.strftime('%Y-%m-%d')})\n\n`python -m load.probe_messages`: "
         "one chat request per way, through the shipped bootstrap with a processor that routes "
-        "as the gate does (`x-gate-cluster` and `clear_route_cache` in its answer to the body).\n\n"
-        "| way | status | messages the processor saw | attributes | verdict |\n|---|---|---|---|---|\n"
+        "as the gate does (`x-gate-cluster` and `clear_route_cache` in its answer to the body, or in "
+        "its answer to the headers where that answer waits for the body). The processor's answer to "
+        "the answer's body, where it gets one, sets a header for the client (`x-gate-cache`), as the "
+        "gate's capture would.\n\n"
+        "| way | status | messages the processor saw | request attributes | verdict |\n"
+        "|---|---|---|---|---|\n"
         + "\n".join(rows) + "\n"
     )
     print(f"written to {args.out}")

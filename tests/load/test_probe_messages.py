@@ -1,4 +1,4 @@
-"""Why a request reaches the gate in two messages: the ways to save one fail on the shipped Envoy.
+"""Why a request reaches the gate in three messages: the ways to save one fail on the shipped Envoy.
 A new Envoy that lets one through fails this test, and the saving is worth taking then."""
 
 from __future__ import annotations
@@ -20,3 +20,9 @@ def test_only_the_shipped_way_routes_on_the_gates_answer(tmp_path: Path) -> None
     buffered = rows["headers skipped, buffer filter before the router"]
     assert "not_routed" in buffered and "not applied" in buffered and "| yes |" in buffered
     assert "ignored" in rows["response headers skipped by the body's answer"]
+    # The one way to a captured answer in one message costs what the gate cannot give up.
+    early = rows["response headers skipped by the headers' answer"]
+    assert "| 200 " in early and "request_headers, request_body, response_body |" in early
+    assert "never reaches the client" in early
+    held = rows["headers' answer held until the body came"]
+    assert "| 200 " in held and "override was ignored" in held and held.count("request_body") >= 1
