@@ -15,6 +15,8 @@ save a message:
 - the same override in the answer to the headers, the answer's body BUFFERED and its status
   sent as a `response_attributes` of that body: a captured answer in one message, if the
   gate could choose before the body and could still set the client's headers;
+- a processing mode of its own (`ExtProcPerRoute`: the answer's headers skipped, its body
+  BUFFERED) on the route the body's answer selects;
 - the headers' answer held until the body has come (`send_body_without_waiting_for_header_response`,
   the body STREAMED), so that the override is chosen knowing the body.
 
@@ -51,6 +53,7 @@ from .stack import LOOPBACK, envoy_binary, envoy_command, exit_on_sigterm, free_
 RESULTS = Path(__file__).parent / "results" / "probe_messages.md"
 Mode = processing_mode_pb2.ProcessingMode
 BUFFER = "type.googleapis.com/envoy.extensions.filters.http.buffer.v3.Buffer"
+PER_ROUTE = "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExtProcPerRoute"
 ATTRIBUTES = ["request.method", "request.path", "request.headers['content-type']"]
 MARK = "x-gate-cache"  # a header the processor sets on the client's answer in its last answer
 
@@ -63,6 +66,7 @@ class Way:
     override_in_body: bool = False  # the body's answer asks Envoy to skip the response headers
     override_in_headers: bool = False  # the headers' answer does
     hold_headers: bool = False  # the headers' answer waits for the body (which then streams)
+    per_route: bool = False  # the route the body's answer selects has a processing mode of its own
 
 
 @dataclass
@@ -136,6 +140,13 @@ def bootstrap(way: Way, gate: int, work: Path) -> tuple[dict[str, Any], int, int
     if way.hold_headers:
         ext_proc["processing_mode"]["request_body_mode"] = "STREAMED"
         ext_proc["send_body_without_waiting_for_header_response"] = True
+    if way.per_route:
+        routed = hcm["route_config"]["virtual_hosts"][0]["routes"][0]  # x-gate-cluster: primary
+        mode = {"request_body_mode": "BUFFERED", "response_header_mode": "SKIP",
+                "response_body_mode": "BUFFERED"}
+        overrides = {"processing_mode": mode, "response_attributes": ["response.code"]}
+        routed["typed_per_filter_config"] = {
+            "envoy.filters.http.ext_proc": {"@type": PER_ROUTE, "overrides": overrides}}
     if way.buffer_filter:
         hcm["http_filters"].insert(-1, {"name": "envoy.filters.http.buffer",
                                         "typed_config": {"@type": BUFFER, "max_request_bytes": 1 << 20}})
@@ -174,6 +185,7 @@ WAYS = [
     Way("response headers skipped by the body's answer", override_in_body=True),
     Way("response headers skipped by the headers' answer", override_in_headers=True),
     Way("headers' answer held until the body came", hold_headers=True),
+    Way("a processing mode of its own on the route the body's answer selects", per_route=True),
 ]
 
 
@@ -182,6 +194,10 @@ def verdict(way: Way, result: dict[str, Any]) -> str:
     if way.override_in_body:
         ignored = "response_headers" in seen
         return "ignored: Envoy takes a mode_override only in answers to headers" if ignored else "honoured"
+    if way.per_route:
+        if "response_headers" in seen:
+            return "ignored: Envoy reads a route's processing mode before the body's answer selects it"
+        return "honoured"
     if way.hold_headers:
         if "response_headers" in seen:
             return (f"routed, but the override was ignored: the body came in {seen.count('request_body')} "

@@ -24,5 +24,6 @@ def test_only_the_shipped_way_routes_on_the_gates_answer(tmp_path: Path) -> None
     early = rows["response headers skipped by the headers' answer"]
     assert "| 200 " in early and "request_headers, request_body, response_body |" in early
     assert "never reaches the client" in early
+    assert "ignored" in rows["a processing mode of its own on the route the body's answer selects"]
     held = rows["headers' answer held until the body came"]
     assert "| 200 " in held and "override was ignored" in held and held.count("request_body") >= 1
