@@ -304,7 +304,9 @@ QUESTIONS = ("How do I reset my card? What is my balance this month? Where is my
 
 
 async def test_an_injection_behind_ordinary_questions_is_read_in_pieces(model_dir: Path) -> None:
-    async with screen_services(model_dir) as (services, screener):
+    # a wide embedding budget: on a slow machine the pieces' embeddings outlast the default one,
+    # and the request is answered 503 (screen_unavailable) before the verdict this test reads
+    async with screen_services(model_dir, embed_timeout_ms=30_000) as (services, screener):
         hidden = QUESTIONS + JAILBREAK
         whole = screener.head.score(await screener.embedder.embed(hidden), hidden)
         assert whole < screener.threshold  # read whole, the questions drown it out
