@@ -11,6 +11,7 @@ before a replica is promoted.
 from __future__ import annotations
 
 from typing import Any, TypeAlias
+from urllib.parse import urlsplit
 
 import redis
 import redis.asyncio as aioredis
@@ -22,6 +23,7 @@ from redis.cluster import ClusterNode as SyncClusterNode
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from .redis_config import RedisTopology, host_port
+from .redis_wire import FastRedis
 
 # The request path's client; a RedisCluster offers the same commands (routed by key).
 Client: TypeAlias = "aioredis.Redis | aioredis.RedisCluster"
@@ -53,8 +55,10 @@ def _auth(topology: RedisTopology) -> dict[str, Any]:
     return out
 
 
-def connect_topology(topology: RedisTopology, connect_timeout_s: float) -> Client:
-    """The asyncio client of `topology` (nothing is dialled until the first call)."""
+def connect_topology(topology: RedisTopology, connect_timeout_s: float, request_path: bool = False) -> Client:
+    """The asyncio client of `topology` (nothing is dialled until the first call). On the
+    request path a single node over TCP gets `FastRedis`: its hot calls on a connection of
+    their own (`redis_wire`)."""
     common: dict[str, Any] = {
         "socket_timeout": SOCKET_TIMEOUT_S,
         "socket_connect_timeout": connect_timeout_s,
@@ -89,7 +93,9 @@ def connect_topology(topology: RedisTopology, connect_timeout_s: float) -> Clien
         master: aioredis.Redis = sentinel.master_for(topology.master_name)
         return master
     assert topology.url is not None
-    return aioredis.Redis.from_url(topology.url, **common, **once)  # the URL names the db
+    fast = request_path and urlsplit(topology.url).scheme == "redis"
+    client: aioredis.Redis = (FastRedis if fast else aioredis.Redis).from_url(topology.url, **common, **once)
+    return client  # the URL names the db
 
 
 def connect_sync(topology: RedisTopology, timeout_s: float = 2.0) -> Any:

@@ -50,12 +50,13 @@ OUTAGE = (RedisConnectionError, RedisTimeoutError, OSError, TimeoutError, Cluste
 CHECK_BUDGET_S = 1.0
 
 
-def connect(config: Store) -> Client | None:
+def connect(config: Store, request_path: bool = False) -> Client | None:
     """The client of the configured topology; None: the in-process store."""
     topology = config.topology
     if topology is None:
         return None
-    return connect_topology(topology, connect_timeout_s=max(config.op_timeout_ms / 1000, 0.05))
+    return connect_topology(topology, connect_timeout_s=max(config.op_timeout_ms / 1000, 0.05),
+                            request_path=request_path)
 
 
 def admin_client(url: str | None, store: Store | None) -> Client | None:

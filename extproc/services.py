@@ -70,7 +70,7 @@ class Services:
         `traffic`: the process's overrides (etcd, shared rollout state), kept across reloads.
         """
         tasks = Tasks(metrics)
-        redis = connect(config.store)
+        redis = connect(config.store, request_path=True)
         store = StoreGuard(redis, config.store, metrics, tasks, local=redis is None)
         c = config.cache
         answers = answer_store(redis, config.store.topology if c.enabled else None)

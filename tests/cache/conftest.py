@@ -10,6 +10,7 @@ import redis.asyncio as aioredis
 
 from extproc.cache.redis_store import RedisStore
 from extproc.cache.store import MemoryStore, Store
+from extproc.redis_wire import FastRedis
 from load.stack import RedisServer
 
 
@@ -17,7 +18,7 @@ from load.stack import RedisServer
 async def redis_client(redis_server: RedisServer) -> AsyncIterator[aioredis.Redis]:
     if redis_server.proc is None:
         redis_server.start()
-    client = aioredis.Redis.from_url(redis_server.url)
+    client = FastRedis.from_url(redis_server.url)
     await client.flushall()
     yield client
     await client.aclose()
@@ -31,7 +32,7 @@ async def store(request: pytest.FixtureRequest) -> AsyncIterator[Store]:
     server: RedisServer = request.getfixturevalue("redis_server")
     if server.proc is None:
         server.start()
-    client = aioredis.Redis.from_url(server.url)
+    client = FastRedis.from_url(server.url)
     await client.flushall()
     yield RedisStore(client)
     await client.aclose()

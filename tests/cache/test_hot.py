@@ -14,6 +14,7 @@ from extproc.cache.hot import HotEntries, Purged
 from extproc.cache.purge import purge_from
 from extproc.cache.redis_store import RedisStore
 from extproc.cache.store import MemoryStore, Store
+from extproc.redis_wire import FastRedis
 from extproc.stages.cache import Cache
 from load.stack import RedisServer
 from tests.topology import SHARED, clean_client
@@ -118,7 +119,7 @@ async def test_a_repeat_is_answered_from_the_hot_copy_without_a_store_call(store
 async def test_a_purge_from_anywhere_reaches_every_process(redis_server: RedisServer) -> None:
     if redis_server.proc is None:
         redis_server.start()
-    clients = [aioredis.Redis.from_url(redis_server.url) for _ in range(3)]
+    clients = [FastRedis.from_url(redis_server.url) for _ in range(3)]
     await clients[0].flushall()
     gates = [hot_stage(RedisStore(c), c) for c in clients[:2]]
     await asyncio.sleep(0.2)  # both listening

@@ -6,7 +6,6 @@ import asyncio
 from pathlib import Path
 
 import pytest
-import redis.asyncio as aioredis
 
 from extproc.cache.purge import main as purge_main
 from extproc.cache.redis_store import RedisStore
@@ -14,6 +13,7 @@ from extproc.cache.setup import ModelError, ensure_model, load_matcher, load_mat
 from extproc.cache.store import MemoryStore, Put
 from extproc.config import CacheSemantic, Config, SemanticProfile
 from extproc.metrics import Metrics
+from extproc.redis_wire import FastRedis
 from extproc.services import Services
 from extproc.stages.cache import Cache
 from load.stack import RedisServer
@@ -68,7 +68,7 @@ def test_purge_cli_by_tenant_and_by_key(
     redis_server: RedisServer, capsys: pytest.CaptureFixture[str]
 ) -> None:
     async def fill() -> None:
-        client = aioredis.Redis.from_url(redis_server.url)
+        client = FastRedis.from_url(redis_server.url)
         store = RedisStore(client)
         for scope, key, tenant in (("s1", "a", "acme"), ("s1", "b", "acme"), ("s2", "c", "globex")):
             await store.put(Put(scope, key, b"x", 60_000, 100, tenant, "m"))

@@ -5,10 +5,10 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-import redis.asyncio as aioredis
 
 from extproc.cache.redis_store import RedisStore
 from extproc.cache.store import MemoryStore, Store
+from extproc.redis_wire import FastRedis
 from extproc.stages.cache import Cache
 from load.stack import RedisServer
 
@@ -148,7 +148,7 @@ async def test_a_paraphrase_whose_flight_fails_asks_the_model_itself(store: Stor
 async def test_a_paraphrase_in_another_process_joins_the_flight(redis_server: RedisServer) -> None:
     if redis_server.proc is None:
         redis_server.start()
-    clients = [aioredis.Redis.from_url(redis_server.url) for _ in range(2)]
+    clients = [FastRedis.from_url(redis_server.url) for _ in range(2)]
     await clients[0].flushall()
     here, there = (cache_stage(config(), RedisStore(c), matcher(), client=c) for c in clients)
     up = Upstream(delay=0.4)
@@ -216,7 +216,7 @@ async def test_unreadable_text_is_never_embedded(store: Store) -> None:
 
 
 async def test_dead_redis_skips_the_cache_and_every_request_is_answered(redis_server: RedisServer) -> None:
-    client = aioredis.Redis.from_url(redis_server.url, socket_timeout=0.2, socket_connect_timeout=0.2)
+    client = FastRedis.from_url(redis_server.url, socket_timeout=0.2, socket_connect_timeout=0.2)
     stage = cache_stage(config(), RedisStore(client), matcher(), client=client, op_timeout_s=0.2)
     up = Upstream()
     await send(stage, chat("q"), up)

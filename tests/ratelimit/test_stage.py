@@ -6,13 +6,13 @@ from typing import Any
 
 import orjson
 import pytest
-import redis.asyncio as aioredis
 
 from extproc.config import Caller, Config, Identity, parse_config
 from extproc.exchange import Exchange
 from extproc.metrics import Metrics
 from extproc.ratelimit.keys import client_ip, plan, prompt_fingerprint
 from extproc.ratelimit.store import MemoryStore, RedisStore
+from extproc.redis_wire import FastRedis
 from extproc.stages.identity import Identity as IdentityStage
 from extproc.stages.ratelimit import RateLimit, duration
 from load.stack import RedisServer, free_port
@@ -126,7 +126,7 @@ async def test_repeating_a_prompt_blocks_the_caller_for_any_prompt() -> None:
 
 
 async def test_store_down_skips_limits_or_fails_closed_where_configured() -> None:
-    dead = aioredis.Redis.from_url(f"redis://127.0.0.1:{free_port()}/0", socket_connect_timeout=0.05)
+    dead = FastRedis.from_url(f"redis://127.0.0.1:{free_port()}/0", socket_connect_timeout=0.05)
     # A refused connection answers at once; the wide budget keeps a busy machine from turning
     # it into a time-out, which is counted under another name.
     s = stage(RedisStore(dead), op_timeout_ms=2000)
@@ -170,7 +170,7 @@ async def test_a_client_reusing_its_request_id_is_still_charged_each_time(
         if redis_server.proc is None:
             redis_server.start()
         redis_server.flush()
-        client = aioredis.Redis.from_url(redis_server.url)
+        client = FastRedis.from_url(redis_server.url)
         s = stage(RedisStore(client))
     else:
         s = stage()

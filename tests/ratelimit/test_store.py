@@ -7,7 +7,6 @@ import uuid
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
-import redis.asyncio as aioredis
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -15,6 +14,7 @@ from extproc.ratelimit.admin import main as blocks_cli
 from extproc.ratelimit.check import BucketSpec, Check, RepeatSpec, Verdict
 from extproc.ratelimit.slots import NOT_ASKED
 from extproc.ratelimit.store import LimitStore, MemoryStore, RedisStore
+from extproc.redis_wire import FastRedis
 from load.stack import RedisServer
 from tests.topology import SHARED, clean_client
 
@@ -85,7 +85,7 @@ async def test_a_check_run_again_with_its_request_key_charges_nothing(
 async def test_concurrent_checks_from_two_replicas_admit_exactly_the_burst(redis_server: RedisServer) -> None:
     """Any interleaving of 2 × 40 concurrent calls on one key, real Redis clock: burst 25 admits 25."""
     redis_server.flush()
-    clients = [aioredis.Redis.from_url(redis_server.url) for _ in range(2)]
+    clients = [FastRedis.from_url(redis_server.url) for _ in range(2)]
     stores = [RedisStore(c) for c in clients]
     check = Check((BucketSpec("tenant", "shared", 0.5, 25),))  # refills 1 per 2 s: no refill in the test
     verdicts = await asyncio.gather(*(stores[i % 2].check(check) for i in range(80)))
@@ -141,7 +141,7 @@ def test_lua_and_pure_agree_on_random_sequences(
     redis_server: RedisServer, loop: asyncio.AbstractEventLoop, steps: list[tuple[int, Check]]
 ) -> None:
     async def run() -> None:
-        client = aioredis.Redis.from_url(redis_server.url)
+        client = FastRedis.from_url(redis_server.url)
         prefix = uuid.uuid4().hex + ":"
         lua, pure = RedisStore(client), MemoryStore(sweep_every=1)  # sweeping must change nothing
         now = 1_700_000_000 * S  # wall-clock sized numbers, so %d and 2**53 matter
@@ -167,7 +167,7 @@ def _prefixed(rep: RepeatSpec | None, prefix: str) -> RepeatSpec | None:
 
 def test_blocks_cli_lists_and_lifts(redis_server: RedisServer, capsys: pytest.CaptureFixture[str]) -> None:
     async def block() -> None:
-        client = aioredis.Redis.from_url(redis_server.url)
+        client = FastRedis.from_url(redis_server.url)
         rep = RepeatSpec("gate:rl:rep:{ip/10.0.0.9}:p", "gate:rl:block:{ip/10.0.0.9}", 1, S, 60 * S)
         check = Check((), rep)
         store = RedisStore(client)

@@ -14,6 +14,7 @@ from extproc.config import Config
 from extproc.exchange import Exchange
 from extproc.metrics import Metrics
 from extproc.ratelimit.gcra import US
+from extproc.redis_wire import FastRedis
 from extproc.scheduler.budget import Budget, BudgetStore, MemoryBudgets, RedisBudgets
 from extproc.stages.token_budget import TokenBudget, used_tokens
 from load.stack import RedisServer
@@ -40,7 +41,7 @@ async def store(request: pytest.FixtureRequest, redis_server: RedisServer) -> As
     if request.param == "memory":
         yield MemoryBudgets()
         return
-    client = aioredis.Redis.from_url(redis_server.url)
+    client = FastRedis.from_url(redis_server.url)
     yield RedisBudgets(client)
     await client.aclose()
 
