@@ -8,6 +8,8 @@ to the no-op ext_proc still come from `bench_gate`.
 
     python -m load.bench_hop [--requests 400] [--repeat 12]   (writes load/results/bench_hop.md)
     python -m load.bench_hop --semantic minilm [--requests 400]   (a semantic miss's time, by part)
+    python -m load.bench_hop --redis   (the same paths on a Redis store, started here: the request
+                                        path's client against plain redis-py, alternated)
 """
 
 from __future__ import annotations
@@ -19,11 +21,14 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+from unittest.mock import patch
 
 import orjson
+import redis.asyncio as aioredis
 from envoy.config.core.v3 import base_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
+from extproc import redis_client, redis_wire
 from extproc.access import batch_access_lines
 from extproc.app import build_pipeline
 from extproc.config import Config
@@ -31,6 +36,7 @@ from extproc.metrics import Metrics
 from extproc.server import Session
 
 from .bench_gate import ANSWER, ONLY_VALIDATE_AND_ROUTE, SEMANTIC_OFF, semantic
+from .stack import RedisServer
 
 RESULTS = Path(__file__).parent / "results" / "bench_hop.md"
 
@@ -71,14 +77,18 @@ def chat(question: str) -> bytes:
 
 
 REQUEST = headers_message("request_headers", REQUEST_HEADERS)
+# The same from a client address (Envoy appends its peer): what a per-IP rate limit counts.
+REQUEST_FROM = headers_message("request_headers", {**REQUEST_HEADERS, "x-forwarded-for": "10.0.0.7"})
 RESPONSE = headers_message("response_headers", RESPONSE_HEADERS)
 RESPONSE_BODY = body_message("response_body", ANSWER.encode())
 
 
-async def one_request(session: Session, body: pb.ProcessingRequest) -> None:
+async def one_request(
+    session: Session, body: pb.ProcessingRequest, request: pb.ProcessingRequest = REQUEST
+) -> None:
     """Envoy's messages in order, each sent only when the gate's answers ask for it."""
     body_wanted = False
-    for message in (REQUEST, body, RESPONSE):
+    for message in (request, body, RESPONSE):
         answers = await session.handle(message)
         last = answers[-1]
         if last.WhichOneof("response") == "immediate_response":
@@ -92,21 +102,22 @@ async def one_request(session: Session, body: pb.ProcessingRequest) -> None:
 
 
 async def measure(
-    config: dict[str, Any], questions: Callable[[int], str], requests: int, repeat: int
+    config: dict[str, Any], questions: Callable[[int], str], requests: int, repeat: int,
+    request: pb.ProcessingRequest = REQUEST,
 ) -> float:
     """CPU µs per request, the best of `repeat` runs (it filters out time lent elsewhere)."""
     pipeline = build_pipeline(Config.model_validate(config), Metrics())
     await pipeline.start()
     try:
         for i in range(200):  # warm up: imports, caches, the first store entry
-            await one_request(Session(pipeline), body_message("request_body", chat(questions(i))))
+            await one_request(Session(pipeline), body_message("request_body", chat(questions(i))), request)
         best = float("inf")
         for r in range(repeat):
             first = r * requests + 1000
             bodies = [body_message("request_body", chat(questions(first + i))) for i in range(requests)]
             started = time.process_time()
             for b in bodies:
-                await one_request(Session(pipeline), b)
+                await one_request(Session(pipeline), b, request)
             best = min(best, (time.process_time() - started) / requests * 1e6)
         return best
     finally:
@@ -144,6 +155,37 @@ async def semantic_breakdown(embedder: str, requests: int) -> str:
             f"capture {own - cache:.2f}")
 
 
+def redis_rows(requests: int, repeat: int, rounds: int = 3) -> list[str]:
+    """Each path on a Redis store, with the request path's client (`redis_wire.FastRedis`) and
+    with plain redis-py in its place, alternated `rounds` times; the best of each."""
+    server = RedisServer().start()
+    # a per-IP limit far above the load: every request makes its rate-limit call, as under limits
+    # (the requests come from one client address)
+    store = {"store": {"redis_url": server.url},
+             "ratelimit": {"tiers": {"standard": {"ip": {"rate": 1e6, "burst": 1_000_000}}}}}
+    import uvloop
+
+    rows = []
+    try:
+        for name, config, questions in VARIANTS:
+            if name.startswith("identity"):
+                continue  # no store call
+            best = {"wire": float("inf"), "redis-py": float("inf")}
+            for _ in range(rounds):
+                for client in best:
+                    # the baseline: redis-py's own client where the request path's would be
+                    fast = aioredis.Redis if client == "redis-py" else redis_wire.FastRedis
+                    with patch.object(redis_client, "FastRedis", fast):
+                        run = measure({**config, **store}, questions, requests, repeat, REQUEST_FROM)
+                        us = uvloop.run(run)
+                    best[client] = min(best[client], us)
+                    print(f"{name:45s} {client:9s} {us:7.1f} µs CPU per request", flush=True)
+            rows.append(f"| {name} | {best['redis-py']:.0f} | {best['wire']:.0f} |")
+    finally:
+        server.kill()
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -152,6 +194,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=12)
     parser.add_argument("--only", default="", help="run only variants whose name contains this")
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--redis", action="store_true",
+                        help="instead: the paths on a Redis store, our client against redis-py")
     parser.add_argument("--semantic", metavar="EMBEDDER",
                         help="instead: where a semantic miss's own time goes (minilm or e5-small)")
     args = parser.parse_args(argv)
@@ -164,6 +208,20 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.semantic:
         print(uvloop.run(semantic_breakdown(args.semantic, args.requests)))
+        return 0
+    if args.redis:
+        out = args.out if args.out != RESULTS else RESULTS.with_name("bench_hop_redis.md")
+        rows = redis_rows(args.requests, args.repeat)
+        out.write_text(
+            f"# The gate's own work per request on a Redis store ({time.strftime('%Y-%m-%d')})\n\n"
+            f"`python -m load.bench_hop --redis --requests {args.requests} --repeat {args.repeat}`: as "
+            "`bench_hop.md`, with the store in a redis-server started for the run (every store call "
+            "a real round trip on loopback) and a per-IP rate limit far above the load; once with "
+            "the request path's client (`extproc/redis_wire.py`) and once with plain redis-py in "
+            "its place, alternated three times; the best of each.\n\n"
+            "| path | redis-py: CPU µs per request | the request path's client |\n"
+            "|---|---:|---:|\n" + "\n".join(rows) + "\n"
+        )
         return 0
     rows = []
     for name, config, questions in VARIANTS:
