@@ -1,13 +1,12 @@
 """The request path's Redis calls on one pipelined connection per process, beside redis-py.
 
 redis-py spends about two hundred Python calls on each command (its retry wrapper, pool,
-events, a stream reader with a time-out per read): 140-270 µs of CPU per call on the test
-machine, most of a Redis-backed request's cost in the gate, where writing the command on a
-connection of its own and reading the reply costs about 70 µs
-(`python -m load.bench_redis_client`). `FastRedis` is a redis-py client whose hot calls (the
-scripts, their pipelines, MGET, HMGET, PING) go over one connection that carries every
-request's calls at once, replies matched in order; everything else (pub/sub, admin
-commands, scans) is redis-py's, on its own pool.
+events, a stream reader with a time-out per read): about 100 µs of CPU per call more than
+writing the command on a connection of the gate's own and reading the reply there
+(`python -m load.bench_hop --redis` measures whole requests both ways). `FastRedis` is a
+redis-py client whose hot calls (the scripts, their pipelines, MGET, HMGET, PING) go over one
+connection that carries every request's calls at once, replies matched in order; everything
+else (pub/sub, admin commands, scans) is redis-py's, on its own pool.
 
 Failure behaviour is redis-py's as the gate configures it: a call on a connection found dead
 (a restart, a failover) is sent once more on a new one, never after a time-out; a
@@ -32,12 +31,24 @@ import hiredis
 import redis.asyncio as aioredis
 from redis._parsers.base import BaseParser
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import NoScriptError, ResponseError
+from redis.exceptions import DataError, NoScriptError, ResponseError
 
 # A connection whose oldest call has had no reply for this long has stopped answering
 # (redis-py's `socket_timeout` as the gate sets it); each call's own budget is shorter.
 SOCKET_TIMEOUT_S = 2.0
 Command = tuple[Any, ...]
+
+
+def _pack(command: Command) -> bytes:
+    try:
+        packed: bytes = hiredis.pack_command(command)
+    except TypeError:  # a bytearray is sent as redis-py sends it; None or a bool is refused as there
+        args: Any = tuple(bytes(a) if isinstance(a, bytearray) else a for a in command)
+        try:
+            packed = hiredis.pack_command(args)
+        except TypeError as exc:
+            raise DataError(f"Invalid input in {command[0]!r}: {exc}") from None
+    return packed
 
 
 def _error(reply: hiredis.ReplyError) -> ResponseError:
@@ -82,11 +93,11 @@ class Wire(asyncio.Protocol):
         """Write `commands` at once; a future per reply (a reply error is its result)."""
         if self.closed or self.transport is None:
             raise RedisConnectionError("connection to Redis closed")
+        packed = [_pack(c) for c in commands]  # first: a command refused here is not waited for
         loop = asyncio.get_running_loop()
         now = time.monotonic()
         futures = [loop.create_future() for _ in commands]
         self.waiting.extend((f, now) for f in futures)
-        packed = [hiredis.pack_command(c) for c in commands]
         self.transport.write(packed[0] if len(packed) == 1 else b"".join(packed))
         return futures
 
@@ -135,7 +146,8 @@ class FastRedis(aioredis.Redis):
                         hello.append(("AUTH", user, kw["password"]) if user else ("AUTH", kw["password"]))
                     if kw.get("db"):
                         hello.append(("SELECT", kw["db"]))
-                    for reply in [await f for f in wire.send(hello)] if hello else []:
+                    replies = [await f for f in wire.send(hello)] if hello else []
+                    for reply in replies:
                         if isinstance(reply, hiredis.ReplyError):
                             raise _error(reply)
                 except BaseException:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import redis.asyncio as aioredis
-from redis.exceptions import AuthenticationError, ResponseError
+from redis.exceptions import AuthenticationError, DataError, ResponseError
 
 from extproc import redis_wire
 from extproc.redis_client import connect_topology
@@ -159,3 +159,13 @@ async def test_pubsub_and_the_rest_stay_redis_pys(client: FastRedis) -> None:
             if message is not None:
                 break
         assert message is not None and message["data"] == b"hello"
+
+
+async def test_arguments_are_sent_as_redis_py_sends_them(client: FastRedis) -> None:
+    await client.call("SET", "b", bytearray(b"raw"))
+    await client.call("SET", "f", 0.1 + 0.2)
+    assert await client.mget(["b", "f"]) == [b"raw", repr(0.1 + 0.2).encode()]
+    for bad in (None, True):
+        with pytest.raises(DataError):
+            await client.call("SET", "x", bad)
+    assert await client.ping()  # a refused command leaves the connection as it was
