@@ -32,6 +32,7 @@ import redis.asyncio as aioredis
 from redis._parsers.base import BaseParser
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import DataError, NoScriptError, ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 # A connection whose oldest call has had no reply for this long has stopped answering
 # (redis-py's `socket_timeout` as the gate sets it); each call's own budget is shorter.
@@ -65,6 +66,7 @@ class Wire(asyncio.Protocol):
         self.waiting: deque[tuple[asyncio.Future[Any], float]] = deque()
         self.transport: asyncio.Transport | None = None
         self.closed = False
+        self.failure: Exception | None = None  # what the calls still waiting get when it closes
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
@@ -86,7 +88,7 @@ class Wire(asyncio.Protocol):
         while self.waiting:
             future, _ = self.waiting.popleft()
             if not future.done():
-                future.set_exception(RedisConnectionError(f"connection to Redis lost: {exc or 'closed'}"))
+                future.set_exception(self.failure or RedisConnectionError(f"connection to Redis lost: {exc}"))
                 future.exception()  # a caller that gave up reads it never: no "never retrieved"
 
     def send(self, commands: Sequence[Command]) -> list[asyncio.Future[Any]]:
@@ -104,7 +106,8 @@ class Wire(asyncio.Protocol):
     def stalled(self, now: float) -> bool:
         return bool(self.waiting) and now - self.waiting[0][1] > SOCKET_TIMEOUT_S
 
-    def close(self) -> None:
+    def close(self, failure: Exception | None = None) -> None:
+        self.failure = failure
         if self.transport is not None:
             self.transport.abort()  # fails every call still waiting (connection_lost)
         self.closed = True
@@ -128,7 +131,8 @@ class FastRedis(aioredis.Redis):
             if wire is not None and not wire.closed:
                 if not wire.stalled(time.monotonic()):
                     return wire, False
-                wire.close()
+                # a time-out, as redis-py's socket_timeout: not sent again
+                wire.close(RedisTimeoutError(f"Redis did not answer for {SOCKET_TIMEOUT_S:g} s"))
             self._wire = await self._dial()
             return self._wire, True
 
