@@ -10,22 +10,26 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+import socket
 import time
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from typing import Any
 
-import grpc
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
-from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
-from grpc_health.v1.health import aio as health_aio
+from grpclib import GRPCError
+from grpclib.const import Cardinality, Handler, Status
+from grpclib.encoding.proto import ProtoCodec
+from grpclib.protocol import H2Protocol
+from grpclib.server import Server, Stream
+from h2.settings import SettingCodes
 
 from .config import ServerTLS
 from .errors import SHOULD_RETRY, error_reply
 from .exchange import Exchange, Reply, new_id, split_gate_headers
+from .health import NOT_SERVING, SERVING, Health
 from .pipeline import Pipeline
 from .tasks import Tasks
-from .tls import bind
+from .tls import server_context
 from .wire import Continue, continue_response, header_map, immediate_response, override_timeout
 
 log = logging.getLogger("llm_gate.server")
@@ -253,10 +257,14 @@ class ListenError(OSError):
     """The gate's port is taken: restarting will not help."""
 
 
-class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
+Messages = Stream[pb.ProcessingRequest, pb.ProcessingResponse]
+
+
+class ExternalProcessor:
     def __init__(self, pipeline: Pipeline) -> None:
         self.pipeline = pipeline
         self.tasks = Tasks(pipeline.metrics)  # retiring pipelines, ending exchanges
+        self.streams = 0  # open now
 
     def swap(self, pipeline: Pipeline) -> None:
         """New streams use `pipeline`; open ones finish on the old, which closes after them."""
@@ -268,22 +276,21 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
         await self.tasks.aclose(wait_s)
         await self.pipeline.aclose()
 
-    async def Process(  # noqa: N802 - the gRPC method name
-        self, request_iterator: AsyncIterator[pb.ProcessingRequest], context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[pb.ProcessingResponse]:
+    async def process(self, stream: Messages) -> None:
+        """One HTTP request's messages, each answered in turn: the gate's hot path."""
         session = Session(self.pipeline)
         metrics = self.pipeline.metrics
         metrics.streams_active.inc()
+        self.streams += 1
         try:
-            # One coroutine per message, no generator: this loop is the gate's hot path.
-            async for request in request_iterator:
+            async for request in stream:
                 phase = request.WhichOneof("request")
                 early = session.before(phase, request)
                 if early is not None:
-                    yield early
+                    await stream.send_message(early)
                 response = await session.answer(phase, request)
                 if response is not None:
-                    yield response
+                    await stream.send_message(response)
         except asyncio.CancelledError:
             # Envoy ends a stream it needs no more once the response is on its way: only a
             # stream cut before the gate answered is an error.
@@ -292,14 +299,19 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
             raise
         except ProtocolError as exc:
             metrics.stream_errors.labels("protocol").inc()
-            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+            raise GRPCError(Status.FAILED_PRECONDITION, str(exc)) from None
         finally:
+            self.streams -= 1
             metrics.streams_active.dec()
             # Envoy ends a finished stream by cancelling it, and the handler is cancelled (or
             # closed) with it: an await here could be cut short, and with it the slot's
             # release, the lease's hand-back and the access line. The end of the exchange runs
             # as its own task, which nothing cancels.
             self.tasks.spawn(session.close(), "stream_end")
+
+    def __mapping__(self) -> dict[str, Handler]:
+        return {"/envoy.service.ext_proc.v3.ExternalProcessor/Process": Handler(
+            self.process, Cardinality.STREAM_STREAM, pb.ProcessingRequest, pb.ProcessingResponse)}
 
 
 async def retire(pipeline: Pipeline, poll_s: float = 0.1, limit_s: float = 600.0) -> None:
@@ -309,11 +321,60 @@ async def retire(pipeline: Pipeline, poll_s: float = 0.1, limit_s: float = 600.0
     await pipeline.aclose()
 
 
+# Streams Envoy may keep open on one connection: requests wait in the admission queue or for
+# a coalesced answer with their stream open (h2's own default is 100).
+MAX_STREAMS = 65_536
+
+
+class _Codec(ProtoCodec):
+    """Protobuf, with the size limit a gRPC server sets on what it receives."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+
+    def decode(self, data: bytes, message_type: Any) -> Any:
+        if len(data) > self.max_bytes:
+            raise GRPCError(Status.RESOURCE_EXHAUSTED,
+                            f"message of {len(data)} bytes, more than {self.max_bytes} accepted")
+        return super().decode(data, message_type)
+
+
+class _Protocol(H2Protocol):
+    def connection_made(self, transport: Any) -> None:
+        super().connection_made(transport)
+        self.connection._connection.update_settings({SettingCodes.MAX_CONCURRENT_STREAMS: MAX_STREAMS})
+        self.connection.flush()
+
+
+class GateServer(Server):
+    """grpclib's server: HTTP/2 and gRPC framing on the event loop's own thread (grpcio's
+    server hands every message between its threads and the loop's, which cost the gate about
+    a fifth of its CPU per request and 0.3-0.6 ms at one connection: `load/results/bench_gate.md`)."""
+
+    def __init__(self, processor: ExternalProcessor, health: Health, max_message_bytes: int) -> None:
+        super().__init__([processor, health], codec=_Codec(max_message_bytes))
+        self.processor = processor
+
+    def _protocol_factory(self) -> H2Protocol:
+        protocol = super()._protocol_factory()
+        return _Protocol(protocol.handler, protocol.config, protocol.h2_config)
+
+    async def stop(self, grace_s: float) -> None:
+        """Stop listening; let the open streams finish for up to `grace_s`, then cancel them."""
+        if self._server is not None:
+            self._server.close()
+        deadline = time.monotonic() + grace_s
+        while self.processor.streams and time.monotonic() < deadline:  # noqa: ASYNC110 - bounded
+            await asyncio.sleep(0.05)
+        self.close()
+        await self.wait_closed()
+
+
 @dataclass
 class Running:
-    server: grpc.aio.Server
+    server: GateServer
     port: int
-    health: health_aio.HealthServicer
+    health: Health
     processor: ExternalProcessor
 
 
@@ -321,36 +382,43 @@ async def start_server(
     pipeline: Pipeline, host: str, port: int, max_message_bytes: int, tls: ServerTLS | None = None
 ) -> Running:
     """Start the gRPC server on `port` (0: any); health says NOT_SERVING until `mark_serving`."""
-    options = [
-        ("grpc.max_receive_message_length", max_message_bytes),
-        ("grpc.max_send_message_length", max_message_bytes),
-        ("grpc.so_reuseport", 0),
-    ]
-    server = grpc.aio.server(options=options)
+    # Envoy resets each finished stream; grpclib notes every reset at INFO: a line per request.
+    logging.getLogger("grpclib.server").setLevel(logging.WARNING)
     processor = ExternalProcessor(pipeline)
-    pb_grpc.add_ExternalProcessorServicer_to_server(processor, server)
-    health_servicer = health_aio.HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    health = Health()
+    server = GateServer(processor, health, max_message_bytes)
+    sock = listen(host, port)
+    await server.start(sock=sock, ssl=server_context(tls))
+    await _set_health(health, NOT_SERVING)
+    return Running(server, sock.getsockname()[1], health, processor)
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """A socket bound to `host:port` (0: any free port), or ListenError."""
     try:
-        bound = bind(server, f"{host}:{port}", tls)
-    except RuntimeError:  # grpc's "Failed to bind to address"
-        bound = 0
-    if bound == 0:
-        raise ListenError(f"cannot listen on {host}:{port} (in use by another process?)")
-    await server.start()
-    await _set_health(health_servicer, health_pb2.HealthCheckResponse.NOT_SERVING)
-    return Running(server, bound, health_servicer, processor)
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+        sock = socket.socket(family, kind, proto)
+    except OSError as exc:
+        raise ListenError(f"cannot listen on {host}:{port}: {exc}") from exc
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+    except OSError as exc:
+        sock.close()
+        raise ListenError(f"cannot listen on {host}:{port} (in use by another process?): {exc}") from exc
+    return sock
 
 
-async def _set_health(servicer: health_aio.HealthServicer, status: int) -> None:
+async def _set_health(health: Health, status: int) -> None:
     for service in ("", "envoy.service.ext_proc.v3.ExternalProcessor"):
-        await servicer.set(service, status)
+        await health.set(service, status)
 
 
-async def mark_serving(servicer: health_aio.HealthServicer) -> None:
-    await _set_health(servicer, health_pb2.HealthCheckResponse.SERVING)
+async def mark_serving(health: Health) -> None:
+    await _set_health(health, SERVING)
 
 
-async def mark_draining(servicer: health_aio.HealthServicer) -> None:
+async def mark_draining(health: Health) -> None:
     """Still answering every stream, but asking the proxies to send new ones elsewhere."""
-    await _set_health(servicer, health_pb2.HealthCheckResponse.NOT_SERVING)
+    await _set_health(health, NOT_SERVING)

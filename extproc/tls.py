@@ -4,6 +4,7 @@ the connection to a scheduler. Nothing is read when the setting is not there."""
 
 from __future__ import annotations
 
+import ssl
 from pathlib import Path
 from typing import Protocol
 
@@ -29,6 +30,19 @@ def server_credentials(tls: ServerCertificate | None) -> grpc.ServerCredentials 
     return grpc.ssl_server_credentials(
         [(key, chain)], root_certificates=ca, require_client_auth=ca is not None
     )
+
+
+def server_context(tls: ServerCertificate | None) -> ssl.SSLContext | None:
+    """The gate's port: HTTP/2 over TLS with the certificate; clients verified when a CA is given."""
+    if tls is None:
+        return None
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(tls.cert_file, tls.key_file)
+    if tls.client_ca_file is not None:
+        context.load_verify_locations(tls.client_ca_file)
+        context.verify_mode = ssl.CERT_REQUIRED
+    context.set_alpn_protocols(["h2"])
+    return context
 
 
 def bind(server: grpc.aio.Server, address: str, tls: ServerCertificate | None) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator
 
 import grpc
@@ -15,7 +16,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from extproc.app import build_pipeline
 from extproc.config import Config
 from extproc.metrics import Metrics
-from extproc.server import mark_serving, start_server
+from extproc.server import ListenError, mark_draining, mark_serving, start_server
 from extproc.wire import Mode
 
 
@@ -209,3 +210,86 @@ async def test_an_answer_the_guardrail_cannot_read_is_withheld() -> None:
     assert "'guardrail'" in error["message"] and "withheld" in error["message"]
     assert set_headers(immediate.headers)["x-request-id"] in error["message"]
     assert plain.HasField("response_headers")  # a plain answer goes on (with its filter)
+
+
+# --- the port itself: what Envoy's connection and health checks rely on ---
+
+
+async def test_one_connection_carries_more_streams_than_h2s_default_limit(
+    stub: pb_grpc.ExternalProcessorStub,
+) -> None:
+    """Requests wait (admission, coalescing) with their streams open, all on Envoy's one
+    connection per worker thread: 300 streams open at once are each answered."""
+    calls = [stub.Process() for _ in range(300)]
+    for call in calls:
+        await call.write(headers(POST))
+    answers = [await call.read() for call in calls]  # every stream still open
+    assert all(a.HasField("request_headers") for a in answers)
+    for call in calls:
+        await call.done_writing()
+        call.cancel()
+
+
+async def test_health_watch_streams_each_change() -> None:
+    pipeline = build_pipeline(Config(), Metrics())
+    await pipeline.start()
+    running = await start_server(pipeline, "127.0.0.1", 0, 2 << 20)
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{running.port}") as channel:
+            check = health_pb2_grpc.HealthStub(channel)
+            service = "envoy.service.ext_proc.v3.ExternalProcessor"
+            watch = check.Watch(health_pb2.HealthCheckRequest(service=service))
+            first = await watch.read()
+            await mark_serving(running.health)
+            second = await watch.read()
+            await mark_draining(running.health)
+            third = await watch.read()
+            watch.cancel()
+            with pytest.raises(grpc.aio.AioRpcError) as unknown:
+                await check.Check(health_pb2.HealthCheckRequest(service="nope"))
+    finally:
+        await running.server.stop(0)
+        await running.processor.pipeline.aclose()
+    serving, not_serving = health_pb2.HealthCheckResponse.SERVING, health_pb2.HealthCheckResponse.NOT_SERVING
+    assert [first.status, second.status, third.status] == [not_serving, serving, not_serving]
+    assert unknown.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+async def test_a_message_over_the_limit_is_refused_and_the_port_stays_up(
+    stub: pb_grpc.ExternalProcessorStub,
+) -> None:
+    call = stub.Process()
+    await call.write(headers(POST))
+    await call.read()
+    await call.write(body(b"x" * (3 << 20)))  # the stub fixture's server accepts 2 MiB
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await call.read()
+    assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    _, reply = await exchange(stub, headers(POST), body(GOOD))
+    assert reply.HasField("request_body")
+
+
+async def test_a_port_in_use_is_a_listen_error() -> None:
+    pipeline = build_pipeline(Config(), Metrics())
+    await pipeline.start()
+    running = await start_server(pipeline, "127.0.0.1", 0, 2 << 20)
+    try:
+        with pytest.raises(ListenError):
+            await start_server(pipeline, "127.0.0.1", running.port, 2 << 20)
+    finally:
+        await running.server.stop(0)
+        await running.processor.pipeline.aclose()
+
+
+async def test_a_stream_envoy_resets_after_its_answer_logs_nothing(
+    stub: pb_grpc.ExternalProcessorStub, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Envoy ends every finished stream with a reset: a log line for each would be one per request."""
+    caplog.set_level(logging.INFO)
+    for _ in range(5):
+        call = stub.Process()
+        await call.write(headers(POST))
+        await call.read()
+        call.cancel()
+    await exchange(stub, headers(POST), body(GOOD))  # the resets have been read by now
+    assert [r.getMessage() for r in caplog.records if r.name.startswith("grpclib")] == []
