@@ -1,6 +1,7 @@
 """The floors the gate is measured against: a no-op ext_proc (CONTINUE to every message) and,
 with `--route`, the least any Python gate does (read the headers, parse the JSON body, set
-`x-gate-cluster` in its answer to the body, read the response headers)."""
+`x-gate-cluster` in its answer to the body, read the response headers). On grpcio's asyncio
+server, or with `--grpclib` on the one the gate itself serves on."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ import orjson
 import uvloop
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
+from grpclib.const import Cardinality, Handler
+from grpclib.server import Server, Stream
 
 from extproc.wire import Continue, continue_response
 
@@ -41,7 +44,25 @@ class Noop(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
                 yield pb.ProcessingResponse(**{phase: pb.BodyResponse()})
 
 
-async def serve(port: int, route: bool) -> None:
+class NoopOnGrpclib:
+    def __init__(self, route: bool) -> None:
+        self.noop = Noop(route)
+
+    async def process(self, stream: Stream[pb.ProcessingRequest, pb.ProcessingResponse]) -> None:
+        async for response in self.noop.Process(stream, None):
+            await stream.send_message(response)
+
+    def __mapping__(self) -> dict[str, Handler]:
+        return {"/envoy.service.ext_proc.v3.ExternalProcessor/Process": Handler(
+            self.process, Cardinality.STREAM_STREAM, pb.ProcessingRequest, pb.ProcessingResponse)}
+
+
+async def serve(port: int, route: bool, grpclib: bool = False) -> None:
+    if grpclib:
+        server = Server([NoopOnGrpclib(route)])
+        await server.start("127.0.0.1", port)
+        await server.wait_closed()
+        return
     server = grpc.aio.server(options=[("grpc.max_receive_message_length", 2 << 20)])
     pb_grpc.add_ExternalProcessorServicer_to_server(Noop(route), server)
     server.add_insecure_port(f"127.0.0.1:{port}")
@@ -53,8 +74,9 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--route", action="store_true", help="the least a gate does: parse, route")
+    parser.add_argument("--grpclib", action="store_true", help="on grpclib's server, as the gate")
     args = parser.parse_args(argv)
-    uvloop.run(serve(args.port, args.route))
+    uvloop.run(serve(args.port, args.route, args.grpclib))
 
 
 if __name__ == "__main__":
