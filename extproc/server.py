@@ -348,8 +348,8 @@ class _Protocol(H2Protocol):
 
 class GateServer(Server):
     """grpclib's server: HTTP/2 and gRPC framing on the event loop's own thread (grpcio's
-    server hands every message between its threads and the loop's, which cost the gate about
-    a fifth of its CPU per request and 0.3-0.6 ms at one connection: `load/results/bench_gate.md`)."""
+    server hands every message between its threads and the loop's, which cost the gate a
+    quarter of its CPU per request and 0.45-0.8 ms at one connection: `load/results/bench_gate.md`)."""
 
     def __init__(self, processor: ExternalProcessor, health: Health, max_message_bytes: int) -> None:
         super().__init__([processor, health], codec=_Codec(max_message_bytes))
