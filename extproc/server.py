@@ -13,7 +13,7 @@ import re
 import socket
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from grpclib import GRPCError
@@ -339,9 +339,38 @@ class _Codec(ProtoCodec):
         return super().decode(data, message_type)
 
 
+class _Batched:
+    """The connection's transport, its writes in one turn of the event loop sent in one system
+    call: grpclib writes a stream's headers, each message and its trailers apart, and Envoy
+    would read each apart (a fifth more of Envoy's CPU per request, `load/results/bench_gate.md`)."""
+
+    def __init__(self, transport: Any) -> None:
+        self.transport = transport
+        self.unsent: list[bytes] = []
+
+    def write(self, data: bytes) -> None:
+        if not data:
+            return
+        if not self.unsent:
+            asyncio.get_running_loop().call_soon(self.flush)
+        self.unsent.append(data)
+
+    def flush(self) -> None:
+        unsent, self.unsent = self.unsent, []
+        if unsent and not self.transport.is_closing():
+            self.transport.write(unsent[0] if len(unsent) == 1 else b"".join(unsent))
+
+    def close(self) -> None:
+        self.flush()
+        self.transport.close()
+
+    def __getattr__(self, name: str) -> Any:  # is_closing, get_extra_info, abort...
+        return getattr(self.transport, name)
+
+
 class _Protocol(H2Protocol):
     def connection_made(self, transport: Any) -> None:
-        super().connection_made(transport)
+        super().connection_made(cast(asyncio.BaseTransport, _Batched(transport)))
         self.connection._connection.update_settings({SettingCodes.MAX_CONCURRENT_STREAMS: MAX_STREAMS})
         self.connection.flush()
 

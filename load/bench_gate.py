@@ -377,6 +377,7 @@ def run_variant(variant: Variant, work: Path, args: argparse.Namespace) -> dict[
             rounds = big_rounds(wrk, url, proc, work, args, variant.big_prompts, variant.conversation)
             return checked(rounds, work)
         cpu_before = group_cpu_seconds(proc.pid) if proc else 0.0
+        envoy_before = group_cpu_seconds(procs[-1].pid)
         counted = bool(metrics_ports) and (variant.embedder is not None or variant.group == "c1")
         before = embedding_counts(metrics_ports) if counted else {}
         embed_cpu_before = thread_cpu_seconds(proc.pid, "embed-") if proc and variant.embedder else 0.0
@@ -387,6 +388,8 @@ def run_variant(variant: Variant, work: Path, args: argparse.Namespace) -> dict[
             spy.wait(30)
         cpu = (group_cpu_seconds(proc.pid) - cpu_before) if proc else 0.0
         result["cpu_ms_per_req"] = 1000 * cpu / max(result["requests"], 1)
+        envoy_cpu = group_cpu_seconds(procs[-1].pid) - envoy_before
+        result["envoy_cpu_ms_per_req"] = 1000 * envoy_cpu / max(result["requests"], 1)
         if counted:
             after = embedding_counts(metrics_ports)
             answered = max(after["requests"] - before["requests"], 1)
@@ -556,8 +559,9 @@ def report(rows: list[tuple[Variant, dict[str, float]]], args: argparse.Namespac
         "thread, POST /v1/chat/completions with a small chat body; the upstream is a fixed Envoy "
         "direct_response; Envoy with 2 worker threads. Ratios are within this one run.",
         "",
-        "| variant | conns | req/s | vs no-op ext_proc | p50 ms | p99 ms | ext_proc CPU ms/req | non-2xx |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| variant | conns | req/s | vs no-op ext_proc | p50 ms | p99 ms | ext_proc CPU ms/req "
+        "| Envoy CPU ms/req | non-2xx |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for v, r in rows:
         if v.group == "c1":
@@ -567,12 +571,13 @@ def report(rows: list[tuple[Variant, dict[str, float]]], args: argparse.Namespac
             lines.append(
                 f"| {v.name.split(',')[0]} (rounds between) | {v.connections or args.connections} | "
                 f"{r['alone_rps']:.0f} | {vs} | {r['alone_p50']:.2f} | {r['alone_p99']:.2f} | "
-                f"{r['alone_cpu_ms_per_req']:.3f} | {r['alone_errors']:.0f} |"
+                f"{r['alone_cpu_ms_per_req']:.3f} | - | {r['alone_errors']:.0f} |"
             )
         vs = f"{r['rps'] / noop['rps']:.2f}" if noop else "-"
         lines.append(
             f"| {v.name} | {v.connections or args.connections} | {r['rps']:.0f} | {vs} | {r['p50']:.2f} | "
-            f"{r['p99']:.2f} | {r['cpu_ms_per_req']:.3f} | {r['errors']:.0f} |"
+            f"{r['p99']:.2f} | {r['cpu_ms_per_req']:.3f} | {r.get('envoy_cpu_ms_per_req', 0):.3f} | "
+            f"{r['errors']:.0f} |"
         )
     semantic = [(v, r) for v, r in rows if v.embedder and r.get("raw") and v.group != "c1"]
     if semantic:
@@ -698,7 +703,8 @@ def main(argv: list[str] | None = None) -> int:
         rows.append((variant, r))
         print(
             f"{variant.name:55s} {r['rps']:7.0f} req/s  p50 {r['p50']:6.2f} ms  p99 {r['p99']:6.2f} ms  "
-            f"ext_proc CPU {r['cpu_ms_per_req']:.3f} ms/req  non-2xx {r['errors']:.0f}",
+            f"ext_proc CPU {r['cpu_ms_per_req']:.3f} ms/req  "
+            f"Envoy CPU {r.get('envoy_cpu_ms_per_req', 0):.3f} ms/req  non-2xx {r['errors']:.0f}",
             flush=True,
         )
     text = report(rows, args)
