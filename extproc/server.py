@@ -342,7 +342,9 @@ class _Codec(ProtoCodec):
 class _Batched:
     """The connection's transport, its writes in one turn of the event loop sent in one system
     call: grpclib writes a stream's headers, each message and its trailers apart, and Envoy
-    would read each apart (a fifth more of Envoy's CPU per request, `load/results/bench_gate.md`)."""
+    read each apart (a quarter more of Envoy's CPU per request; coalesced, the answers of
+    several streams leave together and Envoy spends less than beside grpcio's server:
+    `load/results/bench_gate.md`)."""
 
     def __init__(self, transport: Any) -> None:
         self.transport = transport
@@ -376,9 +378,10 @@ class _Protocol(H2Protocol):
 
 
 class GateServer(Server):
-    """grpclib's server: HTTP/2 and gRPC framing on the event loop's own thread (grpcio's
-    server hands every message between its threads and the loop's, which cost the gate a
-    quarter of its CPU per request and 0.45-0.8 ms at one connection: `load/results/bench_gate.md`)."""
+    """grpclib's server: HTTP/2 and gRPC framing on the event loop's own thread. grpcio's server
+    hands every message between its threads and the loop's; against it, the gate and Envoy
+    spend about half the CPU per request, and a miss at one connection is 0.7-0.8 ms sooner
+    (`load/results/bench_gate.md`)."""
 
     def __init__(self, processor: ExternalProcessor, health: Health, max_message_bytes: int) -> None:
         super().__init__([processor, health], codec=_Codec(max_message_bytes))
