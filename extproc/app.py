@@ -16,7 +16,8 @@ from .admin import start_admin
 from .config import Config, ConfigError, Routing, load_config
 from .metrics import Metrics
 from .pipeline import Pipeline
-from .server import ListenError, mark_draining, mark_serving, start_server
+from .port import ListenError
+from .server import mark_draining, mark_serving, start_server
 from .services import Services
 from .sources.etcd import EtcdSource
 from .sources.file import watch_file

@@ -16,7 +16,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from extproc.app import build_pipeline
 from extproc.config import Config
 from extproc.metrics import Metrics
-from extproc.server import ListenError, mark_draining, mark_serving, start_server
+from extproc.port import ListenError
+from extproc.server import mark_draining, mark_serving, start_server
 from extproc.wire import Mode
 
 
