@@ -5,12 +5,10 @@ from __future__ import annotations
 
 import asyncio
 from functools import partial
-from typing import Any
 
 from grpc_health.v1 import health_pb2
-from grpclib import GRPCError
-from grpclib.const import Cardinality, Handler, Status
-from grpclib.server import Stream
+
+from .port import GRPCError, Method, Status, Stream
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
@@ -51,9 +49,9 @@ class Health:
     def _differs(self, service: str, sent: int) -> bool:
         return bool(self.statuses.get(service, UNKNOWN) != sent)
 
-    def __mapping__(self) -> dict[str, Any]:
-        request, response = health_pb2.HealthCheckRequest, health_pb2.HealthCheckResponse
+    def __mapping__(self) -> dict[str, Method]:
+        request = health_pb2.HealthCheckRequest
         return {
-            "/grpc.health.v1.Health/Check": Handler(self.check, Cardinality.UNARY_UNARY, request, response),
-            "/grpc.health.v1.Health/Watch": Handler(self.watch, Cardinality.UNARY_STREAM, request, response),
+            "/grpc.health.v1.Health/Check": Method(self.check, request),
+            "/grpc.health.v1.Health/Watch": Method(self.watch, request),
         }

@@ -14,16 +14,13 @@ import time
 from dataclasses import dataclass
 
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
-from grpclib import GRPCError
-from grpclib.const import Cardinality, Handler, Status
-from grpclib.server import Stream
 
 from .config import ServerTLS
 from .errors import SHOULD_RETRY, error_reply
 from .exchange import Exchange, Reply, new_id, split_gate_headers
 from .health import NOT_SERVING, SERVING, Health
 from .pipeline import Pipeline
-from .port import GateServer, listen
+from .port import GateServer, GRPCError, Method, Status, Stream, listen
 from .tasks import Tasks
 from .tls import server_context
 from .wire import Continue, continue_response, header_map, immediate_response, override_timeout
@@ -301,9 +298,9 @@ class ExternalProcessor:
             # as its own task, which nothing cancels.
             self.tasks.spawn(session.close(), "stream_end")
 
-    def __mapping__(self) -> dict[str, Handler]:
-        return {"/envoy.service.ext_proc.v3.ExternalProcessor/Process": Handler(
-            self.process, Cardinality.STREAM_STREAM, pb.ProcessingRequest, pb.ProcessingResponse)}
+    def __mapping__(self) -> dict[str, Method]:
+        path = "/envoy.service.ext_proc.v3.ExternalProcessor/Process"
+        return {path: Method(self.process, pb.ProcessingRequest)}
 
 
 async def retire(pipeline: Pipeline, poll_s: float = 0.1, limit_s: float = 600.0) -> None:
@@ -325,11 +322,9 @@ async def start_server(
     pipeline: Pipeline, host: str, port: int, max_message_bytes: int, tls: ServerTLS | None = None
 ) -> Running:
     """Start the gRPC server on `port` (0: any); health says NOT_SERVING until `mark_serving`."""
-    # Envoy resets each finished stream; grpclib notes every reset at INFO: a line per request.
-    logging.getLogger("grpclib.server").setLevel(logging.WARNING)
     processor = ExternalProcessor(pipeline)
     health = Health()
-    server = GateServer([processor, health], lambda: processor.streams, max_message_bytes)
+    server = GateServer([processor, health], lambda: processor.streams, max_message_bytes, processor.tasks)
     sock = listen(host, port)
     await server.start(sock=sock, ssl=server_context(tls))
     await _set_health(health, NOT_SERVING)

@@ -113,7 +113,7 @@ def semantic(embedder: str) -> dict[str, Any]:
 @dataclass
 class Variant:
     name: str
-    ext_proc: str = "gate"  # none | noop | noop-grpclib | minimal | gate
+    ext_proc: str = "gate"  # none | noop | noop-port | minimal | gate
     workers: int = 1
     config: dict[str, Any] = field(default_factory=dict)
     unique: bool = True  # a new question per request
@@ -126,15 +126,15 @@ class Variant:
 
 
 NOOP = "no-op ext_proc (Python grpc.aio)"
-# The same on the server the gate answers on (grpclib): the floor of the gate's own transport.
-NOOP_GRPCLIB = "no-op ext_proc (Python grpclib)"
+# The same on the server the gate answers on (`extproc/port.py`): the floor of the gate's own transport.
+NOOP_PORT = "no-op ext_proc (the gate's port)"
 # The least any Python gate does (read the headers, parse the body, route): what is left of the
 # no-op's rate for the gate's own checks, limits, metrics and access line.
 MINIMAL = "minimal Python gate (parse the body, route)"
 VARIANTS = [
     Variant("Envoy alone", ext_proc="none"),
     Variant(NOOP, ext_proc="noop"),
-    Variant(NOOP_GRPCLIB, ext_proc="noop-grpclib"),
+    Variant(NOOP_PORT, ext_proc="noop-port"),
     Variant(MINIMAL, ext_proc="minimal"),
     Variant("gate: identity, validation, routing", config=ONLY_VALIDATE_AND_ROUTE),
     Variant("gate: every stage, cache misses, semantic off", config=SEMANTIC_OFF),
@@ -186,7 +186,7 @@ VARIANTS = [
         "small requests, 512 KB prompts over the limit (422)", config=SEMANTIC_OFF, big=True, group="big"
     ),
     Variant(f"c1: {NOOP}", ext_proc="noop", connections=1, group="c1"),
-    Variant(f"c1: {NOOP_GRPCLIB}", ext_proc="noop-grpclib", connections=1, group="c1"),
+    Variant(f"c1: {NOOP_PORT}", ext_proc="noop-port", connections=1, group="c1"),
     Variant(
         "c1: gate, identity, validation, routing", config=ONLY_VALIDATE_AND_ROUTE, connections=1, group="c1"
     ),
@@ -316,10 +316,10 @@ def start_ext_proc(
         return None, [], []
     first = free_ports(variant.workers)
     metrics_first = free_ports(variant.workers) if variant.ext_proc == "gate" else 0
-    if variant.ext_proc in ("noop", "noop-grpclib", "minimal"):
+    if variant.ext_proc in ("noop", "noop-port", "minimal"):
         args = [sys.executable, "-m", "load.noop_extproc", "--port", str(first)]
         args += ["--route"] if variant.ext_proc == "minimal" else []
-        args += ["--grpclib"] if variant.ext_proc == "noop-grpclib" else []
+        args += ["--gate-port"] if variant.ext_proc == "noop-port" else []
     else:
         config = work / "gate.yaml"
         config.write_text(yaml.safe_dump(variant.config))
