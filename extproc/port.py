@@ -28,6 +28,7 @@ from h2.errors import ErrorCodes
 from h2.events import (
     ConnectionTerminated,
     DataReceived,
+    RemoteSettingsChanged,
     RequestReceived,
     StreamEnded,
     StreamReset,
@@ -218,7 +219,7 @@ class _Connection(asyncio.Protocol):
                     stream.ended()
             elif isinstance(event, StreamReset):
                 self._reset(event.stream_id or 0)
-            elif isinstance(event, WindowUpdated):
+            elif isinstance(event, WindowUpdated | RemoteSettingsChanged):  # windows or frames larger
                 self._wake_senders()
             elif isinstance(event, ConnectionTerminated):
                 self.close()
@@ -274,14 +275,15 @@ class _Connection(asyncio.Protocol):
             if not stream.headers_sent:
                 h2.send_headers(sid, _HEADERS)
                 stream.headers_sent = True
+            sent = 0
             while True:
                 room = min(h2.local_flow_control_window(sid), h2.max_outbound_frame_size)
-                if len(data) <= room:
-                    h2.send_data(sid, data)
+                if len(data) - sent <= room:
+                    h2.send_data(sid, data[sent:] if sent else data)
                     break
                 if room > 0:
-                    h2.send_data(sid, data[:room])
-                    data = data[room:]
+                    h2.send_data(sid, data[sent:sent + room])
+                    sent += room
                 self._schedule_flush()
                 self._window = self._window or asyncio.get_running_loop().create_future()
                 await asyncio.shield(self._window)  # shared: one waiter's cancel is not the others'

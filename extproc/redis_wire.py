@@ -65,6 +65,7 @@ class Wire(asyncio.Protocol):
         self.reader = hiredis.Reader()
         self.waiting: deque[tuple[asyncio.Future[Any], float]] = deque()
         self.transport: asyncio.Transport | None = None
+        self.unsent: list[bytes] = []  # commands not yet written: they leave at the end of the turn
         self.closed = False
         self.failure: Exception | None = None  # what the calls still waiting get when it closes
 
@@ -100,8 +101,17 @@ class Wire(asyncio.Protocol):
         now = time.monotonic()
         futures = [loop.create_future() for _ in commands]
         self.waiting.extend((f, now) for f in futures)
-        self.transport.write(packed[0] if len(packed) == 1 else b"".join(packed))
+        if not self.unsent:
+            loop.call_soon(self.flush)
+        self.unsent.extend(packed)
         return futures
+
+    def flush(self) -> None:
+        """Every command written in one turn of the event loop, in one system call: under load
+        the calls of many requests reach Redis together and it answers them in one read."""
+        unsent, self.unsent = self.unsent, []
+        if unsent and self.transport is not None and not self.transport.is_closing():
+            self.transport.write(unsent[0] if len(unsent) == 1 else b"".join(unsent))
 
     def stalled(self, now: float) -> bool:
         return bool(self.waiting) and now - self.waiting[0][1] > SOCKET_TIMEOUT_S
