@@ -29,7 +29,6 @@ class Flight:
     bands: tuple[str, ...] = ()
     capture: Capture | None = None
     served: bool = False  # answered from the cache (or by a leader)
-    storing: asyncio.Task[None] | None = None  # the answer's store, running beside the answer
 
 
 class Wakeups:

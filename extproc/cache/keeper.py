@@ -3,7 +3,6 @@ followers handed it (or one of them the lead) however the exchange ends."""
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Coroutine
 from typing import Any
@@ -40,8 +39,8 @@ class Keeper:
         if f.capture is None:
             return
         f.capture.feed(chunk)
-        # A stream is whole at [DONE]: its store starts before [DONE] goes on to the client, which
-        # may close the connection right there (OpenAI's sync SDK does) before Envoy's end arrives.
+        # A stream is whole at [DONE]: store it before [DONE] goes on to the client, which may
+        # close the connection right there (OpenAI's sync SDK does) before Envoy's end arrives.
         if not end and not f.capture.complete:
             return
         capture, f.capture = f.capture, None
@@ -55,15 +54,6 @@ class Keeper:
         if isinstance(check, Check) and self.b.selfcheck is not None:
             self.b.selfcheck.compare(check, capture.kind, body, events)
         entry = Entry(capture.kind, body, events, f.q.text or "", f.q.model, f.q.tenant, time.time())
-        if self.b.tasks is None:
-            await self.put(f, entry, with_vector=True)
-            return
-        # The client's answer does not wait for the store's round trips: they run beside it, and
-        # the exchange's end waits for them before it hands the lead on (`done`).
-        f.storing = self.b.tasks.spawn(self._put_after_answer(f, entry), "cache_put")
-
-    async def _put_after_answer(self, f: Flight, entry: Entry) -> None:
-        await asyncio.sleep(0)  # one turn of the event loop: the answer is written first
         await self.put(f, entry, with_vector=True)
 
     async def alias(self, f: Flight, entry: Entry, source: str, cosine: float) -> None:
@@ -98,8 +88,6 @@ class Keeper:
     async def done(self, ex: Exchange, f: Flight) -> None:
         """The exchange ended while this request still led: note a client that gave up waiting
         (its retry is then refused in vain), and hand the lead on."""
-        if f.storing is not None:
-            await asyncio.wait([f.storing])  # not cancelled with this wait: the store finishes
         if f.token is None:
             return
         if ex.status is None and ex.upstream_started is not None:

@@ -7,13 +7,12 @@ import asyncio
 import pytest
 
 from extproc.cache.redis_store import RedisStore
-from extproc.cache.store import MemoryStore, Put, Store
-from extproc.exchange import Exchange
+from extproc.cache.store import MemoryStore, Store
 from extproc.redis_wire import FastRedis
 from extproc.stages.cache import Cache
 from load.stack import RedisServer
 
-from .helpers import CHAT, Upstream, WordEmbedder, cache_stage, chat, config, matcher, send
+from .helpers import Upstream, WordEmbedder, cache_stage, chat, config, matcher, send
 
 
 def stage_on(store: Store, embedder: WordEmbedder | None = None, **cfg: object) -> Cache:
@@ -274,33 +273,3 @@ async def test_a_centre_moves_the_buckets_never_the_similarity(store: Store) -> 
     unc = await send(fresh, chat("Which city is the capital city of Italy?"), up)
     assert (para.cache, unc.cache, plain.cache) == ("hit", "hit", "hit")
     assert para.headers["x-gate-similarity"] == unc.headers["x-gate-similarity"]
-
-
-async def test_the_answer_goes_on_before_its_store_and_the_lead_waits_for_it(store: Store) -> None:
-    """The client's answer does not wait for the store's round trips; the exchange's end does,
-    so a follower still gets the stored answer and the model is asked once."""
-    stage, up = stage_on(store), Upstream()
-    release, real_put = asyncio.Event(), store.put
-
-    async def slow_put(item: Put) -> None:
-        await release.wait()
-        await real_put(item)
-
-    store.put = slow_put  # type: ignore[method-assign]
-    payload = chat("Which river runs through Vienna?")
-    ex = Exchange("POST", CHAT, {"content-type": "application/json"}, payload=payload, tenant="acme")
-    assert await stage.on_request(ex) is None
-    status, head, chunks = await up(payload)
-    await stage.on_response(ex, status, head)
-    for chunk in chunks:
-        await stage.on_response_body(ex, chunk, False)
-    await asyncio.wait_for(stage.on_response_body(ex, b"", True), 1.0)  # while the store waits
-    ending = asyncio.ensure_future(stage.on_done(ex))
-    follower = asyncio.ensure_future(send(stage, chat("Which river runs through Vienna?"), up))
-    await asyncio.sleep(0.1)
-    assert not ending.done() and not follower.done()
-    release.set()
-    await asyncio.wait_for(ending, 2.0)
-    result = await asyncio.wait_for(follower, 2.0)
-    assert result.text() == "Answer 1 to: Which river runs through Vienna?"
-    assert up.calls == 1 and result.cache in ("hit", "coalesced")
