@@ -281,9 +281,12 @@ class _Connection(asyncio.Protocol):
                 if len(data) - sent <= room:
                     h2.send_data(sid, data[sent:] if sent else data)
                     break
-                if room > 0:
+                if room > 0:  # one frame's worth now; the rest in the next round
                     h2.send_data(sid, data[sent:sent + room])
                     sent += room
+                    continue
+                # Shut: only the peer's WINDOW_UPDATE opens it (a peer with room to spare
+                # sends none, so this waits only when there is truly no room).
                 self._schedule_flush()
                 self._window = self._window or asyncio.get_running_loop().create_future()
                 await asyncio.shield(self._window)  # shared: one waiter's cancel is not the others'

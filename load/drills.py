@@ -140,6 +140,12 @@ async def breaker_watch(stack: Stack, t0: float, until: float, pool: str = "prim
     return None
 
 
+def answered(rows: list[dict[str, Any]]) -> tuple[str, bool]:
+    """Every request got an HTTP answer (an error status counts): none cut or timed out."""
+    lost = sum(1 for r in rows if not r.get("status"))
+    return f"every request answered ({lost} cut or timed out)", not lost
+
+
 async def sim_fault(stack: Stack, pool: str, **faults: Any) -> None:
     async with aiohttp.ClientSession() as s, s.post(stack.sim_url(pool) + "/admin/faults", json=faults) as r:
         r.raise_for_status()
@@ -213,8 +219,8 @@ async def pool_hang(stack: Stack, sizes: Sizes, out: Outcome) -> None:
         opened[0] = None if opened[0] is None else opened[0] - hang_t
 
     out.rows, out.fault_t = await under_load(stack, sizes, fault, seconds=sizes.seconds + 10)
-    out.checks.append(("breaker open within 5 s of the hang's start",
-                       opened[0] is not None and opened[0] <= 5.0))
+    out.checks += [("breaker open within 5 s of the hang's start", opened[0] is not None and opened[0] <= 5),
+                   answered(out.rows)]
 
 
 async def pool_5xx(stack: Stack, sizes: Sizes, out: Outcome) -> None:
@@ -232,8 +238,8 @@ async def pool_5xx(stack: Stack, sizes: Sizes, out: Outcome) -> None:
     out.rows, out.fault_t = await under_load(stack, sizes, fault)
     fallback = sum(1 for r in out.rows if r.get("cluster") == "fallback" and r.get("status") == 200)
     out.facts.append(f"answers from the fallback pool: {fallback}")
-    out.checks.append(("breaker open within 5 s of the storm's start",
-                       opened[0] is not None and opened[0] <= 5))
+    out.checks += [("breaker open within 5 s of the storm's start", opened[0] is not None and opened[0] <= 5),
+                   answered(out.rows)]
 
 
 async def _reload(stack: Stack, sizes: Sizes, out: Outcome, valid: bool) -> None:

@@ -4,7 +4,7 @@ flow control both ways, errors as statuses, cancellation reaching the handler, t
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import grpc
@@ -12,7 +12,7 @@ import pytest
 from grpc_health.v1.health_pb2 import HealthCheckRequest as Text
 from h2.config import H2Configuration
 from h2.connection import H2Connection
-from h2.events import ResponseReceived
+from h2.events import DataReceived, ResponseReceived, StreamEnded, TrailersReceived
 
 from extproc.metrics import Metrics
 from extproc.port import GateServer, GRPCError, Method, Status, Stream, listen
@@ -142,28 +142,36 @@ async def test_a_message_over_the_limit_ends_only_its_call(
     await small.done_writing()
 
 
+async def held_call(service: Service, channel: grpc.aio.Channel) -> Any:
+    """A HOLD call its handler has begun."""
+    stream = call(channel, HOLD)
+    await stream.write(Text(service="wait"))
+    await asyncio.wait_for(service.held.wait(), 5)
+    return stream
+
+
+async def eventually(condition: Callable[[], bool]) -> bool:
+    for _ in range(100):
+        if condition():
+            return True
+        await asyncio.sleep(0.02)
+    return condition()
+
+
 async def test_a_client_that_cancels_cancels_the_handler(
     port: tuple[Service, GateServer, grpc.aio.Channel],
 ) -> None:
     service, _, channel = port
-    stream = call(channel, HOLD)
-    await stream.write(Text(service="wait"))
-    await asyncio.wait_for(service.held.wait(), 5)
-    stream.cancel()
-    for _ in range(100):
-        if service.cancelled:
-            break
-        await asyncio.sleep(0.02)
-    assert service.cancelled == 1 and service.open == 0
+    (await held_call(service, channel)).cancel()
+    assert await eventually(lambda: service.cancelled == 1)
+    assert service.open == 0
 
 
 async def test_the_stop_lets_open_calls_finish_within_the_grace_then_ends_them(
     port: tuple[Service, GateServer, grpc.aio.Channel],
 ) -> None:
     service, server, channel = port
-    finishing = call(channel, HOLD)
-    await finishing.write(Text(service="wait"))
-    await asyncio.wait_for(service.held.wait(), 5)
+    finishing = await held_call(service, channel)
     stopping = asyncio.create_task(server.stop(5.0))
     await asyncio.sleep(0.2)
     assert not stopping.done()  # the open call holds the stop
@@ -177,40 +185,59 @@ async def test_the_stop_lets_open_calls_finish_within_the_grace_then_ends_them(
     sock = listen("127.0.0.1", 0)
     await server2.start(sock)
     async with grpc.aio.insecure_channel(f"127.0.0.1:{sock.getsockname()[1]}") as channel2:
-        stuck = call(channel2, HOLD)
-        await stuck.write(Text(service="wait"))
-        await asyncio.wait_for(service2.held.wait(), 5)
+        stuck = await held_call(service2, channel2)
         await asyncio.wait_for(server2.stop(0.3), 5)
         assert await stuck.code() != grpc.StatusCode.OK
-    for _ in range(100):
-        if service2.cancelled:
-            break
-        await asyncio.sleep(0.02)
-    assert service2.cancelled == 1
+    assert await eventually(lambda: service2.cancelled == 1)
 
 
-async def test_not_grpc_gets_an_http_status() -> None:
-    """A plain HTTP/2 request is refused with an HTTP status, not half-served."""
+async def h2_exchange(content_type: str, body: bytes) -> tuple[bytes, bytes, dict[bytes, bytes]]:
+    """One request from a plain HTTP/2 client that never sends WINDOW_UPDATE (as Envoy, whose
+    windows are large, need not): the response's status, body and trailers."""
     service = Service()
     server = GateServer([service], lambda: 0, 1 << 20, Tasks(Metrics()))
     sock = listen("127.0.0.1", 0)
     await server.start(sock)
+    status, received, trailers = b"", b"", {}
     try:
         reader, writer = await asyncio.open_connection("127.0.0.1", sock.getsockname()[1])
         client = H2Connection(H2Configuration(client_side=True))
         client.initiate_connection()
         client.send_headers(1, [(":method", "POST"), (":path", ECHO), (":scheme", "http"),
-                                (":authority", "gate"), ("content-type", "text/plain")])
-        client.send_data(1, b"hello", end_stream=True)
+                                (":authority", "gate"), ("content-type", content_type)])
+        for i in range(0, len(body), 16384):
+            client.send_data(1, body[i:i + 16384], end_stream=i + 16384 >= len(body))
         writer.write(client.data_to_send())
-        status = None
-        while status is None:
+        ended = False
+        while not ended:
             data = await asyncio.wait_for(reader.read(65536), 5)
             assert data, "the port closed the connection instead of answering"
             for event in client.receive_data(data):
                 if isinstance(event, ResponseReceived):
                     status = dict(event.headers)[b":status"]
+                elif isinstance(event, DataReceived):
+                    received += event.data
+                elif isinstance(event, TrailersReceived):
+                    trailers = dict(event.headers)
+                ended = ended or isinstance(event, StreamEnded)
+            writer.write(client.data_to_send())
         writer.close()
     finally:
         await server.stop(0)
+    return status, received, trailers
+
+
+async def test_not_grpc_gets_an_http_status() -> None:
+    """A plain HTTP/2 request is refused with an HTTP status, not half-served."""
+    status, _, _ = await h2_exchange("text/plain", b"hello")
     assert status == b"415"
+
+
+async def test_a_message_larger_than_a_frame_goes_out_while_the_window_has_room() -> None:
+    """40 KB is more than one 16 KB frame and less than the 64 KB window: the whole answer
+    goes out without waiting for a WINDOW_UPDATE the client has no reason to send."""
+    text = Text(service="x" * 40_000).SerializeToString()
+    framed = b"\0" + len(text).to_bytes(4, "big") + text
+    status, received, trailers = await h2_exchange("application/grpc", framed)
+    assert status == b"200" and trailers[b"grpc-status"] == b"0"
+    assert received == framed
