@@ -1,4 +1,4 @@
-"""The gate's gRPC port: HTTP/2 by h2's state machine, gRPC's framing on top, nothing else.
+"""The gate's gRPC port: HTTP/2's frames (`http2.py`), gRPC's framing on top, nothing else.
 
 Envoy opens a stream per HTTP request and sends a few small messages on it; a general gRPC
 server's machinery per stream (queues, events, wrappers, metadata) cost more CPU than the
@@ -12,31 +12,21 @@ several streams then reach Envoy in one read.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import socket
 import ssl
+import struct
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from enum import IntEnum
 from typing import Any, Generic, TypeVar, cast
 
-from h2.config import H2Configuration
-from h2.connection import H2Connection
-from h2.errors import ErrorCodes
-from h2.events import (
-    ConnectionTerminated,
-    DataReceived,
-    RemoteSettingsChanged,
-    RequestReceived,
-    StreamEnded,
-    StreamReset,
-    WindowUpdated,
-)
-from h2.exceptions import ProtocolError, StreamClosedError
-from h2.settings import SettingCodes
+from hpack import Decoder
+from hpack.exceptions import HPACKError
 
+from . import http2
+from .http2 import PREFACE, ProtocolError
 from .tasks import Tasks
 
 log = logging.getLogger("llm_gate.port")
@@ -83,11 +73,11 @@ class Method:
 # a coalesced answer with their stream open (h2's own default is 100).
 MAX_STREAMS = 65_536
 WINDOW = 4 << 20  # what a client may send ahead, per stream and per connection
-_H2 = H2Configuration(
-    client_side=False, header_encoding=None, validate_inbound_headers=False,
-    validate_outbound_headers=False, normalize_inbound_headers=False, normalize_outbound_headers=False,
-)
+MAX_HEADER_BLOCK = 64 << 10  # a request's headers: Envoy sends well under 1 KB
 _HEADERS = [(b":status", b"200"), (b"content-type", b"application/grpc")]
+_RESPONSE = http2.header_block(_HEADERS)
+_OK_TRAILERS = http2.header_block([(b"grpc-status", b"0")])
+_FRAME_HEADER = struct.Struct(">HBBBI")  # length (24 bits: 16 + 8), type, flags, stream id
 
 
 class Stream(Generic[Request, Response]):
@@ -98,7 +88,10 @@ class Stream(Generic[Request, Response]):
         self._port, self.id, self._type, self._max = port, stream_id, method.request, max_bytes
         self._data = bytearray()  # received, not yet read
         self._held = 0  # received bytes not yet given back to the client's flow-control window
-        self._ended = False  # the client sent its last message
+        self.client_done = False  # the client sent its last message
+        self.window = 0  # what the client lets the port send on this stream
+        self.in_window = WINDOW  # what the client may still send on it
+        self.unacknowledged = 0  # read, not yet given back in a WINDOW_UPDATE
         self._arrived: asyncio.Future[None] | None = None  # a reader waiting for data
         self.gone = False
         self.headers_sent = False
@@ -131,7 +124,7 @@ class Stream(Generic[Request, Response]):
                     return message  # type: ignore[no-any-return]
             if self.gone:
                 raise StreamGoneError()
-            if self._ended:
+            if self.client_done:
                 if data:
                     raise GRPCError(Status.INTERNAL, "the stream ended inside a message")
                 return None
@@ -152,7 +145,7 @@ class Stream(Generic[Request, Response]):
         self._wake()
 
     def ended(self) -> None:
-        self._ended = True
+        self.client_done = True
         self._wake()
 
     def lost(self) -> None:
@@ -163,13 +156,13 @@ class Stream(Generic[Request, Response]):
         """The client may send more once what it sent is read; while less than one whole
         message is waiting here, at once (a message larger than the window must get in)."""
         if self._held and len(self._data) <= self._max + 5:
-            self._port.acknowledge(self.id, self._held)
+            self._port.acknowledge(self, self._held)
             self._held = 0
 
     def release(self) -> None:
         """The call is over: whatever it left unread frees the connection's window."""
         if self._held:
-            self._port.acknowledge(self.id, self._held)
+            self._port.acknowledge(None, self._held)
             self._held = 0
         self._data.clear()
 
@@ -179,14 +172,26 @@ class Stream(Generic[Request, Response]):
 
 
 class _Connection(asyncio.Protocol):
-    """One client connection: h2's events in, each stream's handler as a task, writes flushed
-    once per turn of the event loop."""
+    """One client connection: HTTP/2's frames in, each stream's handler as a task, writes
+    flushed once per turn of the event loop."""
 
     def __init__(self, server: GateServer) -> None:
         self.server = server
-        self.h2 = H2Connection(config=_H2)
         self.streams: dict[int, Stream[Any, Any]] = {}
         self.transport: asyncio.Transport | None = None
+        self.closed = False
+        self.last_sid = 0  # the newest stream the client opened
+        self.window = http2.DEFAULT_WINDOW  # what the client lets the port send on the connection
+        self.stream_window = http2.DEFAULT_WINDOW  # ... and on each new stream (its SETTINGS)
+        self.max_frame = http2.DEFAULT_FRAME  # the largest frame the client reads
+        self._in_window = WINDOW  # what the client may still send on the connection
+        self._unacknowledged = 0  # read, not yet given back to the client in a WINDOW_UPDATE
+        self._rest = b""  # the start of a frame not yet whole
+        self._preface = False
+        self._decoder = Decoder()
+        self._block: tuple[int, int, bytearray] | None = None  # a header block in pieces: sid, flags
+        self._table_update = True  # the next header block written starts with an HPACK size update
+        self._out: list[bytes] = []
         self._flushing = False
         self._window: asyncio.Future[None] | None = None  # senders waiting for flow control
         self._writable: asyncio.Future[None] | None = None  # set while the transport is full
@@ -194,47 +199,146 @@ class _Connection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)
         self.server.connections.add(self)
-        self.h2.initiate_connection()
-        self.h2.update_settings({SettingCodes.MAX_CONCURRENT_STREAMS: MAX_STREAMS,
-                                 SettingCodes.INITIAL_WINDOW_SIZE: WINDOW})
-        self.h2.increment_flow_control_window(WINDOW - self.h2.inbound_flow_control_window)
+        ours = {http2.MAX_CONCURRENT_STREAMS: MAX_STREAMS, http2.INITIAL_WINDOW_SIZE: WINDOW}
+        self._out += [http2.settings(ours), http2.window_update(0, WINDOW - http2.DEFAULT_WINDOW)]
         self._flush()
 
     def data_received(self, data: bytes) -> None:
+        buf = self._rest + data if self._rest else data
+        pos, size = 0, len(buf)
         try:
-            events = self.h2.receive_data(data)
-        except ProtocolError as exc:  # h2 queued a GOAWAY saying why
+            if not self._preface:
+                if not (buf.startswith(PREFACE) or PREFACE.startswith(buf)):
+                    raise ProtocolError(http2.PROTOCOL_ERROR, "not HTTP/2: no client preface")
+                if size < len(PREFACE):
+                    self._rest = buf
+                    return
+                self._preface, pos = True, len(PREFACE)
+            while size - pos >= http2.HEADER_SIZE and not self.closed:
+                high, low, kind, flags, sid = _FRAME_HEADER.unpack_from(buf, pos)
+                length = high << 8 | low
+                if length > http2.DEFAULT_FRAME:
+                    raise ProtocolError(http2.FRAME_SIZE_ERROR, f"a frame of {length} bytes")
+                end = pos + http2.HEADER_SIZE + length
+                if end > size:
+                    break
+                self._frame(kind, flags, sid & 0x7FFFFFFF, buf[pos + http2.HEADER_SIZE:end])
+                pos = end
+        except ProtocolError as exc:
             log.warning("closing a connection that broke HTTP/2: %s", exc)
-            self._flush()
-            self.close()
+            self.close(exc.code)
             return
-        for event in events:
-            if isinstance(event, DataReceived):
-                self._data(event)
-            elif isinstance(event, RequestReceived):
-                self._request(event)
-            elif isinstance(event, StreamEnded):
-                stream = self.streams.get(event.stream_id or 0)
-                if stream is not None:
-                    stream.ended()
-            elif isinstance(event, StreamReset):
-                self._reset(event.stream_id or 0)
-            elif isinstance(event, WindowUpdated | RemoteSettingsChanged):  # windows or frames larger
-                self._wake_senders()
-            elif isinstance(event, ConnectionTerminated):
-                self.close()
+        self._rest = buf[pos:]
         self._schedule_flush()
 
-    def _data(self, event: DataReceived) -> None:
-        stream = self.streams.get(event.stream_id)
-        if stream is None:  # its call is over: only the connection's window matters
-            self.acknowledge(event.stream_id, event.flow_controlled_length)
-        else:
-            stream.received(event.data, event.flow_controlled_length)
+    def _frame(self, kind: int, flags: int, sid: int, payload: bytes) -> None:
+        if self._block is not None and kind != http2.CONTINUATION:
+            raise ProtocolError(http2.PROTOCOL_ERROR, "a header block interrupted")
+        if kind == http2.DATA:
+            self._data(flags, sid, payload)
+        elif kind == http2.HEADERS:
+            block = http2.unpadded(flags, payload)
+            self._headers(sid, flags, block[5:] if flags & http2.PRIORITY_FLAG else block)
+        elif kind == http2.CONTINUATION:
+            if self._block is None or self._block[0] != sid:
+                raise ProtocolError(http2.PROTOCOL_ERROR, "CONTINUATION without its HEADERS")
+            self._headers(sid, flags, payload)
+        elif kind == http2.WINDOW_UPDATE:
+            self._window_update(sid, payload)
+        elif kind == http2.SETTINGS:
+            if not flags & http2.ACK:
+                self._settings(payload)
+        elif kind == http2.PING:
+            if not flags & http2.ACK:
+                self._out.append(http2.frame(http2.PING, http2.ACK, 0, payload))
+        elif kind == http2.RST_STREAM:
+            self._reset(sid)
+        elif kind == http2.GOAWAY:
+            self.close()
+        elif kind == http2.PUSH_PROMISE:
+            raise ProtocolError(http2.PROTOCOL_ERROR, "a client sent PUSH_PROMISE")
+        # PRIORITY and frame types this port does not know: nothing to do (RFC 9113 §5.5)
 
-    def _request(self, event: RequestReceived) -> None:
-        headers = dict(event.headers)
-        sid = event.stream_id
+    def _headers(self, sid: int, flags: int, fragment: bytes) -> None:
+        if self._block is not None:  # a CONTINUATION: the HEADERS frame's flags hold
+            _, first, block = self._block
+            block += fragment
+            flags = first | flags & http2.END_HEADERS
+        if not flags & http2.END_HEADERS:
+            if self._block is None:
+                self._block = (sid, flags, bytearray(fragment))
+            if len(self._block[2]) > MAX_HEADER_BLOCK:
+                raise ProtocolError(http2.PROTOCOL_ERROR, "a header block over 64 KB")
+            return
+        if self._block is not None:
+            fragment, self._block = bytes(self._block[2]), None
+        try:
+            headers = dict(self._decoder.decode(fragment, raw=True))
+        except HPACKError as exc:
+            raise ProtocolError(http2.COMPRESSION_ERROR, f"an unreadable header block: {exc}") from exc
+        if sid <= self.last_sid:  # trailers of a stream open, or of one already over
+            stream = self.streams.get(sid)
+            if stream is not None and flags & http2.END_STREAM:
+                stream.ended()
+            return
+        if not sid % 2:
+            raise ProtocolError(http2.PROTOCOL_ERROR, f"a client opened stream {sid}, an even number")
+        self.last_sid = sid
+        self._request(sid, headers)
+        stream = self.streams.get(sid)
+        if stream is not None and flags & http2.END_STREAM:
+            stream.ended()
+
+    def _data(self, flags: int, sid: int, payload: bytes) -> None:
+        flow = len(payload)
+        self._in_window -= flow
+        stream = self.streams.get(sid)
+        if stream is not None:
+            stream.in_window -= flow
+        if self._in_window < 0 or (stream is not None and stream.in_window < 0):
+            raise ProtocolError(http2.FLOW_CONTROL_ERROR, "data past the window the port gave")
+        data = http2.unpadded(flags, payload)
+        if stream is None:  # its call is over: only the connection's window matters
+            if not sid or sid > self.last_sid:
+                raise ProtocolError(http2.PROTOCOL_ERROR, f"data on stream {sid}, never opened")
+            self.acknowledge(None, flow)
+            return
+        stream.received(data, flow)
+        if flags & http2.END_STREAM:
+            stream.ended()
+
+    def _window_update(self, sid: int, payload: bytes) -> None:
+        if len(payload) != 4:
+            raise ProtocolError(http2.FRAME_SIZE_ERROR, "a WINDOW_UPDATE frame not 4 bytes long")
+        increment = int.from_bytes(payload, "big") & 0x7FFFFFFF
+        if not sid:
+            self.window += increment
+            if not increment or self.window > http2.MAX_WINDOW:
+                raise ProtocolError(http2.FLOW_CONTROL_ERROR, "a window update of 0 or past 2^31")
+        elif (stream := self.streams.get(sid)) is not None:
+            stream.window += increment
+        self._wake_senders()
+
+    def _settings(self, payload: bytes) -> None:
+        values = http2.parse_settings(payload)
+        window = values.get(http2.INITIAL_WINDOW_SIZE)
+        if window is not None:
+            if window > http2.MAX_WINDOW:
+                raise ProtocolError(http2.FLOW_CONTROL_ERROR, "an initial window past 2^31")
+            for stream in self.streams.values():
+                stream.window += window - self.stream_window
+            self.stream_window = window
+        frame_size = values.get(http2.MAX_FRAME_SIZE)
+        if frame_size is not None:
+            if not http2.DEFAULT_FRAME <= frame_size < 1 << 24:
+                raise ProtocolError(http2.PROTOCOL_ERROR, f"a maximum frame size of {frame_size}")
+            self.max_frame = frame_size
+        if http2.HEADER_TABLE_SIZE in values:
+            self._table_update = True
+        self._out.append(http2.frame(http2.SETTINGS, http2.ACK, 0))
+        self._wake_senders()
+
+    def _request(self, sid: int, headers: dict[bytes, bytes]) -> None:
         if headers.get(b":method") != b"POST":
             self._refuse(sid, b"405")
             return
@@ -246,7 +350,11 @@ class _Connection(asyncio.Protocol):
             path = headers.get(b":path", b"").decode("ascii", "replace")
             self._end(sid, False, Status.UNIMPLEMENTED, f"no method {path} here")
             return
+        if len(self.streams) >= MAX_STREAMS:
+            self._out.append(http2.rst_stream(sid, http2.REFUSED_STREAM))
+            return
         stream: Stream[Any, Any] = Stream(self, sid, method, self.server.max_message_bytes)
+        stream.window = self.stream_window
         self.streams[sid] = stream
         stream.task = self.server.tasks.spawn(self._call(stream, method), "grpc_stream")
 
@@ -269,49 +377,63 @@ class _Connection(asyncio.Protocol):
             self._end(stream.id, stream.headers_sent, status, message)
 
     async def send(self, stream: Stream[Any, Any], data: bytes) -> None:
-        """Hand `data` to h2 as the flow-control windows allow; wait while they are shut."""
-        h2, sid = self.h2, stream.id
-        try:
-            if not stream.headers_sent:
-                h2.send_headers(sid, _HEADERS)
-                stream.headers_sent = True
-            sent = 0
-            while True:
-                room = min(h2.local_flow_control_window(sid), h2.max_outbound_frame_size)
-                if len(data) - sent <= room:
-                    h2.send_data(sid, data[sent:] if sent else data)
-                    break
-                if room > 0:  # one frame's worth now; the rest in the next round
-                    h2.send_data(sid, data[sent:sent + room])
-                    sent += room
-                    continue
-                # Shut: only the peer's WINDOW_UPDATE opens it (a peer with room to spare
-                # sends none, so this waits only when there is truly no room).
-                self._schedule_flush()
-                self._window = self._window or asyncio.get_running_loop().create_future()
-                await asyncio.shield(self._window)  # shared: one waiter's cancel is not the others'
-                if stream.gone:
-                    raise StreamGoneError()
-        except (StreamClosedError, ProtocolError) as exc:  # h2 refuses: the stream has gone
-            raise StreamGoneError() from exc
+        """Frame `data` as the flow-control windows allow; wait while they are shut."""
+        if stream.gone or self.closed:
+            raise StreamGoneError()
+        out, sid = self._out, stream.id
+        if not stream.headers_sent:
+            out.append(self._header_frame(sid, _RESPONSE, 0))
+            stream.headers_sent = True
+        sent, size = 0, len(data)
+        while True:
+            room = min(stream.window, self.window, self.max_frame)
+            if size - sent <= room:
+                out.append(http2.frame(http2.DATA, 0, sid, data[sent:] if sent else data))
+                stream.window -= size - sent
+                self.window -= size - sent
+                break
+            if room > 0:  # one frame's worth now; the rest in the next round
+                out.append(http2.frame(http2.DATA, 0, sid, data[sent:sent + room]))
+                stream.window -= room
+                self.window -= room
+                sent += room
+                continue
+            # Shut: only the client's WINDOW_UPDATE opens it (a client with room to spare
+            # sends none, so this waits only when there is truly no room).
+            self._schedule_flush()
+            self._window = self._window or asyncio.get_running_loop().create_future()
+            await asyncio.shield(self._window)  # shared: one waiter's cancel is not the others'
+            if stream.gone or self.closed:
+                raise StreamGoneError()
         self._schedule_flush()
         if self._writable is not None:
             await asyncio.shield(self._writable)
 
+    def _header_frame(self, sid: int, block: bytes, flags: int) -> bytes:
+        """A HEADERS frame; the port's blocks are far smaller than a frame (grpc-message is
+        cut at 1 KB), so none needs a CONTINUATION."""
+        if self._table_update:
+            block, self._table_update = http2.EMPTY_TABLE + block, False
+        return http2.frame(http2.HEADERS, http2.END_HEADERS | flags, sid, block)
+
     def _end(self, sid: int, headers_sent: bool, status: Status, message: str) -> None:
-        trailers = [] if headers_sent else list(_HEADERS)
-        trailers.append((b"grpc-status", str(int(status)).encode()))
-        if message:
-            trailers.append((b"grpc-message", _percent_encoded(message)))
-        try:
-            self.h2.send_headers(sid, trailers, end_stream=True)
-        except (StreamClosedError, ProtocolError):
+        if self.closed:
             return
+        if headers_sent and status == Status.OK and not message:
+            block = _OK_TRAILERS
+        else:
+            trailers = [] if headers_sent else list(_HEADERS)
+            trailers.append((b"grpc-status", str(int(status)).encode()))
+            if message:
+                trailers.append((b"grpc-message", _percent_encoded(message)))
+            block = http2.header_block(trailers)
+        self._out.append(self._header_frame(sid, block, http2.END_STREAM))
         self._schedule_flush()
 
     def _refuse(self, sid: int, http_status: bytes) -> None:
         """Not a gRPC call: an HTTP status, as gRPC's protocol asks."""
-        self.h2.send_headers(sid, [(b":status", http_status)], end_stream=True)
+        block = http2.header_block([(b":status", http_status)])
+        self._out.append(self._header_frame(sid, block, http2.END_STREAM))
 
     def _reset(self, sid: int) -> None:
         stream = self.streams.pop(sid, None)
@@ -322,8 +444,20 @@ class _Connection(asyncio.Protocol):
         if stream.task is not None:
             stream.task.cancel()
 
-    def acknowledge(self, sid: int, size: int) -> None:
-        self.h2.acknowledge_received_data(size, sid)
+    def acknowledge(self, stream: Stream[Any, Any] | None, size: int) -> None:
+        """`size` bytes received have been read: the client may send as much again. Given back
+        in WINDOW_UPDATEs of half a window or more, not one per message."""
+        self._unacknowledged += size
+        if self._unacknowledged >= WINDOW // 2:
+            self._out.append(http2.window_update(0, self._unacknowledged))
+            self._in_window += self._unacknowledged
+            self._unacknowledged = 0
+        if stream is not None and not stream.client_done:
+            stream.unacknowledged += size
+            if stream.unacknowledged >= WINDOW // 2:
+                self._out.append(http2.window_update(stream.id, stream.unacknowledged))
+                stream.in_window += stream.unacknowledged
+                stream.unacknowledged = 0
         self._schedule_flush()
 
     def _wake_senders(self) -> None:
@@ -338,9 +472,9 @@ class _Connection(asyncio.Protocol):
 
     def _flush(self) -> None:
         self._flushing = False
-        data = self.h2.data_to_send()
-        if data and self.transport is not None and not self.transport.is_closing():
-            self.transport.write(data)
+        if self._out and self.transport is not None and not self.transport.is_closing():
+            self.transport.write(b"".join(self._out))
+        self._out.clear()
 
     def pause_writing(self) -> None:
         self._writable = asyncio.get_running_loop().create_future()
@@ -350,16 +484,17 @@ class _Connection(asyncio.Protocol):
             self._writable.set_result(None)
             self._writable = None
 
-    def close(self) -> None:
+    def close(self, code: int = http2.NO_ERROR) -> None:
         """Say goodbye (GOAWAY), send what is queued, and end every call still open."""
-        if self.transport is None or self.transport.is_closing():
+        if self.closed or self.transport is None or self.transport.is_closing():
             return
-        with contextlib.suppress(ProtocolError):
-            self.h2.close_connection(ErrorCodes.NO_ERROR)
+        self.closed = True
+        self._out.append(http2.goaway(self.last_sid, code))
         self._flush()
         self.transport.close()
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
         self.server.connections.discard(self)
         for sid in list(self.streams):
             self._reset(sid)

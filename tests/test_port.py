@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from typing import Any
 
 import grpc
@@ -12,8 +13,10 @@ import pytest
 from grpc_health.v1.health_pb2 import HealthCheckRequest as Text
 from h2.config import H2Configuration
 from h2.connection import H2Connection
-from h2.events import DataReceived, ResponseReceived, StreamEnded, TrailersReceived
+from h2.events import DataReceived, PingAckReceived, ResponseReceived, StreamEnded, TrailersReceived
+from h2.settings import SettingCodes
 
+from extproc import http2
 from extproc.metrics import Metrics
 from extproc.port import GateServer, GRPCError, Method, Status, Stream, listen
 from extproc.tasks import Tasks
@@ -191,40 +194,94 @@ async def test_the_stop_lets_open_calls_finish_within_the_grace_then_ends_them(
     assert await eventually(lambda: service2.cancelled == 1)
 
 
-async def h2_exchange(content_type: str, body: bytes) -> tuple[bytes, bytes, dict[bytes, bytes]]:
-    """One request from a plain HTTP/2 client that never sends WINDOW_UPDATE (as Envoy, whose
-    windows are large, need not): the response's status, body and trailers."""
+@asynccontextmanager
+async def serving(max_bytes: int = 1 << 20) -> AsyncIterator[int]:
+    """A port with the test service; its port number."""
     service = Service()
-    server = GateServer([service], lambda: 0, 1 << 20, Tasks(Metrics()))
+    server = GateServer([service], lambda: 0, max_bytes, Tasks(Metrics()))
     sock = listen("127.0.0.1", 0)
     await server.start(sock)
-    status, received, trailers = b"", b"", {}
     try:
-        reader, writer = await asyncio.open_connection("127.0.0.1", sock.getsockname()[1])
-        client = H2Connection(H2Configuration(client_side=True))
-        client.initiate_connection()
-        client.send_headers(1, [(":method", "POST"), (":path", ECHO), (":scheme", "http"),
-                                (":authority", "gate"), ("content-type", content_type)])
-        for i in range(0, len(body), 16384):
-            client.send_data(1, body[i:i + 16384], end_stream=i + 16384 >= len(body))
-        writer.write(client.data_to_send())
-        ended = False
-        while not ended:
-            data = await asyncio.wait_for(reader.read(65536), 5)
-            assert data, "the port closed the connection instead of answering"
-            for event in client.receive_data(data):
-                if isinstance(event, ResponseReceived):
-                    status = dict(event.headers)[b":status"]
-                elif isinstance(event, DataReceived):
-                    received += event.data
-                elif isinstance(event, TrailersReceived):
-                    trailers = dict(event.headers)
-                ended = ended or isinstance(event, StreamEnded)
-            writer.write(client.data_to_send())
-        writer.close()
+        yield sock.getsockname()[1]
     finally:
         await server.stop(0)
-    return status, received, trailers
+
+
+class Client:
+    """A plain HTTP/2 client (h2) on one connection; it sends no WINDOW_UPDATE unless told to
+    (as Envoy, whose windows are large, need not)."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader, self.writer = reader, writer
+        self.h2 = H2Connection(H2Configuration(client_side=True))
+        self.h2.initiate_connection()
+
+    @classmethod
+    async def connect(cls, port: int) -> Client:
+        client = cls(*await asyncio.open_connection("127.0.0.1", port))
+        client.flush()
+        return client
+
+    def request(
+        self, sid: int, content_type: str = "application/grpc", extra: list[tuple[str, str]] | None = None,
+        path: str = ECHO, **priority: Any,
+    ) -> None:
+        headers = [(":method", "POST"), (":path", path), (":scheme", "http"), (":authority", "gate"),
+                   ("content-type", content_type), *(extra or [])]
+        self.h2.send_headers(sid, headers, **priority)
+
+    def flush(self) -> None:
+        self.writer.write(self.h2.data_to_send())
+
+    async def events(self, until: type, acknowledge: bool = False) -> list[Any]:
+        """What the port sends, as h2's events, up to the first of type `until`."""
+        got: list[Any] = []
+        while not any(isinstance(e, until) for e in got):
+            data = await asyncio.wait_for(self.reader.read(65536), 5)
+            assert data, f"the port closed the connection before a {until.__name__}: {got}"
+            for event in self.h2.receive_data(data):
+                got.append(event)
+                if acknowledge and isinstance(event, DataReceived):
+                    self.h2.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
+            self.flush()
+        return got
+
+    def body(self, sid: int, body: bytes) -> None:
+        """`body` in 16 KB frames, the last ending the stream."""
+        for i in range(0, len(body), 16384):
+            self.h2.send_data(sid, body[i:i + 16384], end_stream=i + 16384 >= len(body))
+        self.flush()
+
+    async def exchange(self, content_type: str, body: bytes) -> tuple[bytes, bytes, dict[bytes, bytes]]:
+        """One request on stream 1, its body in 16 KB frames: the answer."""
+        self.request(1, content_type)
+        self.body(1, body)
+        answered = answer(await self.events(StreamEnded))
+        self.writer.close()
+        return answered
+
+
+def answer(events: list[Any]) -> tuple[bytes, bytes, dict[bytes, bytes]]:
+    """The status, body and trailers of a stream's answer."""
+    status, body, trailers = b"", b"", {}
+    for event in events:
+        if isinstance(event, ResponseReceived):
+            status = dict(event.headers)[b":status"]
+        elif isinstance(event, DataReceived):
+            body += event.data
+        elif isinstance(event, TrailersReceived):
+            trailers = dict(event.headers)
+    return status, body, trailers
+
+
+def grpc_framed(text: str) -> bytes:
+    body: bytes = Text(service=text).SerializeToString()
+    return b"\0" + len(body).to_bytes(4, "big") + body
+
+
+async def h2_exchange(content_type: str, body: bytes) -> tuple[bytes, bytes, dict[bytes, bytes]]:
+    async with serving() as port:
+        return await (await Client.connect(port)).exchange(content_type, body)
 
 
 async def test_not_grpc_gets_an_http_status() -> None:
@@ -236,8 +293,73 @@ async def test_not_grpc_gets_an_http_status() -> None:
 async def test_a_message_larger_than_a_frame_goes_out_while_the_window_has_room() -> None:
     """40 KB is more than one 16 KB frame and less than the 64 KB window: the whole answer
     goes out without waiting for a WINDOW_UPDATE the client has no reason to send."""
-    text = Text(service="x" * 40_000).SerializeToString()
-    framed = b"\0" + len(text).to_bytes(4, "big") + text
+    framed = grpc_framed("x" * 40_000)
     status, received, trailers = await h2_exchange("application/grpc", framed)
     assert status == b"200" and trailers[b"grpc-status"] == b"0"
     assert received == framed
+
+
+async def test_padding_priorities_continuations_and_pings_are_read() -> None:
+    """What a client may send that Envoy seldom does: a header block over one frame (so HEADERS
+    + CONTINUATION), padded frames, a priority in HEADERS, a PING."""
+    async with serving() as port:
+        client = await Client.connect(port)
+        client.request(1, extra=[("x-long", "v" * 40_000)])
+        client.h2.send_data(1, grpc_framed("one"), end_stream=True, pad_length=30)
+        client.request(3, priority_weight=200)
+        client.h2.send_data(3, grpc_framed("three"), end_stream=True)
+        client.h2.ping(b"12345678")
+        client.flush()
+        events = await client.events(StreamEnded)  # the PING's answer leaves first, or with it
+        if sum(isinstance(e, StreamEnded) for e in events) < 2:
+            events += await client.events(StreamEnded)
+    assert any(isinstance(e, PingAckReceived) and e.ping_data == b"12345678" for e in events)
+    for sid, text in ((1, "one"), (3, "three")):
+        status, body, trailers = answer([e for e in events if getattr(e, "stream_id", None) == sid])
+        assert (status, body, trailers[b"grpc-status"]) == (b"200", grpc_framed(text), b"0")
+
+
+async def test_a_client_with_small_windows_gets_the_answer_as_it_opens_them() -> None:
+    """A client whose stream window is 1 KB and who wants HPACK's table at 0 bytes: the 40 KB
+    answer comes in pieces, each after a WINDOW_UPDATE, and its headers still decode."""
+    async with serving() as port:
+        client = await Client.connect(port)
+        client.h2.update_settings({SettingCodes.INITIAL_WINDOW_SIZE: 1024, SettingCodes.HEADER_TABLE_SIZE: 0})
+        client.request(1)
+        client.body(1, grpc_framed("w" * 40_000))
+        events = await client.events(StreamEnded, acknowledge=True)
+    status, body, trailers = answer(events)
+    assert status == b"200" and body == grpc_framed("w" * 40_000) and trailers[b"grpc-status"] == b"0"
+    assert sum(isinstance(e, DataReceived) for e in events) >= 40
+
+
+@pytest.mark.parametrize(
+    ("sent", "code"),
+    [
+        (b"GET / HTTP/1.1\r\nHost: gate\r\n\r\n", 1),  # not HTTP/2 at all: PROTOCOL_ERROR
+        (http2.frame(http2.DATA, 0, 1, b"x" * 20_000), 6),  # a frame over 16 KB: FRAME_SIZE_ERROR
+        # past the 4 MB window, on a call that reads no more (so gives none of it back)
+        (b"".join(http2.frame(http2.DATA, 0, 1, b"x" * 16_384) for _ in range(260)), 3),
+        (http2.frame(http2.HEADERS, http2.END_HEADERS, 1, b"\xff\xff\xff\xff"), 9),  # bad HPACK
+        (http2.frame(http2.CONTINUATION, http2.END_HEADERS, 1, b"\x82"), 1),  # no HEADERS before
+    ],
+    ids=["http1", "frame-size", "flow-control", "hpack", "continuation"],
+)
+async def test_a_client_that_breaks_http2_loses_its_connection_and_only_that(sent: bytes, code: int) -> None:
+    """Told why in a GOAWAY, then closed; the port goes on serving other connections."""
+    async with serving() as port:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        if not sent.startswith(b"GET"):  # a good start, then the fault
+            client = Client(reader, writer)
+            client.request(1, path=HOLD)
+            client.h2.send_data(1, grpc_framed("hold"))
+            client.flush()
+        writer.write(sent)
+        data = b""
+        while chunk := await asyncio.wait_for(reader.read(65536), 5):
+            data += chunk
+        goaway = data[data.rfind(bytes((0, 0, 8, http2.GOAWAY))):]
+        assert int.from_bytes(goaway[13:17], "big") == code, data
+        other = await Client.connect(port)
+        status, body, _ = await other.exchange("application/grpc", grpc_framed("still"))
+        assert (status, body) == (b"200", grpc_framed("still"))
