@@ -70,7 +70,7 @@ class Method:
 
 
 # Streams Envoy may keep open on one connection: requests wait in the admission queue or for
-# a coalesced answer with their stream open (h2's own default is 100).
+# a coalesced answer with their stream open (many HTTP/2 servers allow 100).
 MAX_STREAMS = 65_536
 WINDOW = 4 << 20  # what a client may send ahead, per stream and per connection
 MAX_HEADER_BLOCK = 64 << 10  # a request's headers: Envoy sends well under 1 KB
