@@ -31,7 +31,7 @@ from pathlib import Path
 from tokenizers import Tokenizer
 
 from .background import Background
-from .piececount import PieceCounts, splits_at_spaces
+from .piececount import PieceCounts, plain_words_lowered, splits_at_spaces
 
 # Chat templates add a few tokens per message (role markers, separators).
 PER_MESSAGE_OVERHEAD = 4
@@ -143,7 +143,8 @@ class TokenCounter:
         self.background = Background()
         self._known = KnownCounts()
         # Long texts by their pieces between spaces, where that gives this tokenizer's count.
-        self._pieces = PieceCounts() if splits_at_spaces(json.loads(self.path.read_text("utf-8"))) else None
+        spec = json.loads(self.path.read_text("utf-8"))
+        self._pieces = PieceCounts(lowered=plain_words_lowered(spec)) if splits_at_spaces(spec) else None
 
     def count(self, texts: list[str], limit: int | None = None, cpu_share: float = 1.0) -> int:
         """Tokens in `texts` plus the per-message template overhead.

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 import random
+import string
 
 import pytest
+from tokenizers import Tokenizer
 
 from extproc import tokens
-from extproc.piececount import splits_at_spaces
+from extproc.piececount import PieceCounts, plain_words_lowered, splits_at_spaces
 from extproc.tokens import FEW_TEXTS, PER_MESSAGE_OVERHEAD, KnownCounts, TokenCounter, default_tokenizer_path
 
 MESSAGES = [
@@ -36,6 +38,7 @@ class Recording:
 
     def __init__(self, tok: object) -> None:
         self.tok, self.chars = tok, 0
+        self.plain = 0  # of which given to the model alone
 
     def encode(self, text: str, **kw: object) -> object:
         self.chars += len(text)
@@ -48,6 +51,15 @@ class Recording:
     def encode_batch(self, texts: list[str], **kw: object) -> object:
         self.chars += sum(len(t) for t in texts)
         return self.tok.encode_batch(texts, **kw)  # type: ignore[attr-defined]
+
+    @property
+    def model(self) -> Recording:  # the model's own tokenize of a plain word, noted too
+        return self
+
+    def tokenize(self, word: str) -> object:
+        self.chars += len(word)
+        self.plain += len(word)
+        return self.tok.model.tokenize(word)  # type: ignore[attr-defined]
 
 
 def turn(i: int) -> str:
@@ -150,6 +162,31 @@ def test_only_tokenizers_that_split_at_whitespace_are_counted_by_pieces() -> Non
         assert not splits_at_spaces(spec)
     assert splits_at_spaces({**bert, "normalizer": {"type": "Sequence", "normalizers": [
         {"type": "NFD"}, {"type": "Lowercase"}, {"type": "StripAccents"}]}})
+
+
+def test_a_plain_word_is_counted_by_the_model_alone_exactly_as_by_the_whole_pipeline() -> None:
+    """New words of ASCII letters and digits (any case, up to past WordPiece's 100-character
+    limit) skip the normalizer and pre-tokenizer calls and count the same; where an added token
+    could match inside such a word, or the tokenizer does not lowercase, it says so."""
+    bert = json.loads(default_tokenizer_path().read_text())
+    assert plain_words_lowered(bert) is True
+    keeps_case = {**bert, "normalizer": {**bert["normalizer"], "lowercase": False}}
+    assert plain_words_lowered(keeps_case) is False
+    added = {**bert, "added_tokens": [*bert["added_tokens"], {"content": "gate7"}]}
+    assert plain_words_lowered(added) is None
+    rng = random.Random(5)
+    alphabet = string.ascii_letters + string.digits
+    drawn = ("".join(rng.choice(alphabet) for _ in range(rng.randrange(1, 130))) for _ in range(2000))
+    words = list(dict.fromkeys(drawn))  # each new to the counter
+    for spec in (bert, keeps_case):
+        tok = Tokenizer.from_str(json.dumps(spec))
+        tok.no_padding()
+        tok.no_truncation()
+        spy = Recording(tok)
+        pieces = PieceCounts(lowered=plain_words_lowered(spec))
+        assert [pieces.count_short(spy, w) for w in words] == [  # type: ignore[arg-type]
+            len(tok.encode(w, add_special_tokens=False).ids) for w in words]
+        assert spy.plain == spy.chars == sum(map(len, words))  # each word to the model alone
 
 
 def test_the_background_count_paces_itself_and_counts_the_same(monkeypatch: pytest.MonkeyPatch) -> None:
