@@ -107,7 +107,7 @@ async def test_a_real_etcd_change_is_applied_at_once_and_a_bad_one_refused(etcd:
     finally:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
-            await task
+            await asyncio.wait_for(task, 10)  # a stop that hangs fails here, not at the suite's time-out
         await asyncio.to_thread(etcd.delete, P + "chat/traffic")
 
 
@@ -130,7 +130,7 @@ async def test_the_watch_comes_back_after_etcd_restarts(etcd: EtcdServer) -> Non
     finally:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
-            await task
+            await asyncio.wait_for(task, 10)  # a stop that hangs fails here, not at the suite's time-out
         await asyncio.to_thread(etcd.delete, P + "chat/traffic")
 
 
@@ -147,3 +147,24 @@ def restart(etcd: EtcdServer) -> None:
         except Exception:
             time.sleep(0.1)
     raise TimeoutError("etcd did not come back")
+
+
+async def test_the_source_stops_at_once_when_etcd_is_gone(etcd: EtcdServer) -> None:
+    """A gate stopping while etcd is down: cancelling the watch returns within the client's
+    time-out, whatever aetcd's own clean-up waits for."""
+    settings = Etcd(port=etcd.port, prefix=P, retry_s=0.2, timeout_s=1)
+    source = EtcdSource(settings, Traffic(), lambda: ROUTING, Metrics())
+    task = asyncio.get_running_loop().create_task(source.run())
+    await asyncio.to_thread(etcd.put, P + "chat/traffic", "10%")
+    await until(lambda: source.keys.get(P + "chat/traffic") == "10%", 5)
+    assert etcd.proc is not None
+    etcd.proc.kill()
+    etcd.proc.wait(5)
+    for _ in range(30):  # watches re-made and dropped while etcd is away
+        await asyncio.sleep(0.1)
+    started = time.monotonic()
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await asyncio.wait_for(task, 10)
+    assert time.monotonic() - started < 3
+    await asyncio.to_thread(restart, etcd)
