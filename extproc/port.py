@@ -89,7 +89,7 @@ class Stream(Generic[Request, Response]):
         self._data = bytearray()  # received, not yet read
         self._held = 0  # received bytes not yet given back to the client's flow-control window
         self.client_done = False  # the client sent its last message
-        self.window = 0  # what the client lets the port send on this stream
+        self.window = port.stream_window  # what the client lets the port send on this stream
         self.in_window = WINDOW  # what the client may still send on it
         self.unacknowledged = 0  # read, not yet given back in a WINDOW_UPDATE
         self._arrived: asyncio.Future[None] | None = None  # a reader waiting for data
@@ -238,11 +238,21 @@ class _Connection(asyncio.Protocol):
             self._data(flags, sid, payload)
         elif kind == http2.HEADERS:
             block = http2.unpadded(flags, payload)
-            self._headers(sid, flags, block[5:] if flags & http2.PRIORITY_FLAG else block)
+            block = block[5:] if flags & http2.PRIORITY_FLAG else block
+            if flags & http2.END_HEADERS:
+                self._headers(sid, flags, block)
+            else:  # the rest comes in CONTINUATION frames
+                self._block = (sid, flags, bytearray(block))
         elif kind == http2.CONTINUATION:
             if self._block is None or self._block[0] != sid:
                 raise ProtocolError(http2.PROTOCOL_ERROR, "CONTINUATION without its HEADERS")
-            self._headers(sid, flags, payload)
+            _, first, pieces = self._block
+            pieces += payload
+            if len(pieces) > MAX_HEADER_BLOCK:
+                raise ProtocolError(http2.PROTOCOL_ERROR, "a header block over 64 KB")
+            if flags & http2.END_HEADERS:
+                self._block = None
+                self._headers(sid, first, bytes(pieces))
         elif kind == http2.WINDOW_UPDATE:
             self._window_update(sid, payload)
         elif kind == http2.SETTINGS:
@@ -259,32 +269,17 @@ class _Connection(asyncio.Protocol):
             raise ProtocolError(http2.PROTOCOL_ERROR, "a client sent PUSH_PROMISE")
         # PRIORITY and frame types this port does not know: nothing to do (RFC 9113 §5.5)
 
-    def _headers(self, sid: int, flags: int, fragment: bytes) -> None:
-        if self._block is not None:  # a CONTINUATION: the HEADERS frame's flags hold
-            _, first, block = self._block
-            block += fragment
-            flags = first | flags & http2.END_HEADERS
-        if not flags & http2.END_HEADERS:
-            if self._block is None:
-                self._block = (sid, flags, bytearray(fragment))
-            if len(self._block[2]) > MAX_HEADER_BLOCK:
-                raise ProtocolError(http2.PROTOCOL_ERROR, "a header block over 64 KB")
-            return
-        if self._block is not None:
-            fragment, self._block = bytes(self._block[2]), None
+    def _headers(self, sid: int, flags: int, block: bytes) -> None:
+        """A whole header block: a new stream's request, or the trailers of one (open or over)."""
         try:
-            headers = dict(self._decoder.decode(fragment, raw=True))
+            headers = dict(self._decoder.decode(block, raw=True))
         except HPACKError as exc:
             raise ProtocolError(http2.COMPRESSION_ERROR, f"an unreadable header block: {exc}") from exc
-        if sid <= self.last_sid:  # trailers of a stream open, or of one already over
-            stream = self.streams.get(sid)
-            if stream is not None and flags & http2.END_STREAM:
-                stream.ended()
-            return
-        if not sid % 2:
-            raise ProtocolError(http2.PROTOCOL_ERROR, f"a client opened stream {sid}, an even number")
-        self.last_sid = sid
-        self._request(sid, headers)
+        if sid > self.last_sid:
+            if not sid % 2:
+                raise ProtocolError(http2.PROTOCOL_ERROR, f"a client opened stream {sid}, an even number")
+            self.last_sid = sid
+            self._request(sid, headers)
         stream = self.streams.get(sid)
         if stream is not None and flags & http2.END_STREAM:
             stream.ended()
@@ -354,7 +349,6 @@ class _Connection(asyncio.Protocol):
             self._out.append(http2.rst_stream(sid, http2.REFUSED_STREAM))
             return
         stream: Stream[Any, Any] = Stream(self, sid, method, self.server.max_message_bytes)
-        stream.window = self.stream_window
         self.streams[sid] = stream
         stream.task = self.server.tasks.spawn(self._call(stream, method), "grpc_stream")
 
