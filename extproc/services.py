@@ -15,6 +15,7 @@ from .breaker.adaptive import AdaptiveLimit
 from .breaker.monitor import Breakers
 from .breaker.webhook import Notifier
 from .cache.hot import HotEntries
+from .cache.keeper import PUT_TASK
 from .cache.lease import Leases
 from .cache.selfcheck import SelfCheck, make_bins
 from .cache.setup import Matchers, answer_store, load_matchers
@@ -40,6 +41,9 @@ from .versions.monitor import VersionMonitor
 from .versions.traffic import Traffic
 
 log = logging.getLogger("llm_gate.services")
+# At a close, the answers still being stored get this long (each store call has its own, shorter
+# budget) before the background tasks are cancelled.
+STORE_SETTLE_S = 1.0
 
 
 @dataclass
@@ -134,6 +138,7 @@ class Services:
     async def aclose(self) -> None:
         """Stop every background task and close every client, whatever fails on the way."""
         for name, close in (
+            ("answers being stored", lambda: self.tasks.settle(PUT_TASK, STORE_SETTLE_S)),
             ("tasks", self.tasks.aclose),
             ("breakers", self.breakers.close),
             ("breaker client", self._close_breaker_client),

@@ -61,6 +61,13 @@ class Tasks:
         if self._running:
             await asyncio.wait(list(self._running), timeout=timeout_s)
 
+    async def settle(self, name: str, timeout_s: float) -> None:
+        """Until the running tasks called `name` end by themselves, at most `timeout_s`: work a
+        request handed off (storing its answer) is let finish before a close cancels the rest."""
+        named = [task for task in self._running if task.get_name() == name]
+        if named:
+            await asyncio.wait(named, timeout=timeout_s)
+
     async def aclose(self, wait_s: float = 0.0) -> None:
         """Give the running tasks `wait_s` to finish, then cancel the rest and wait for them."""
         running = list(self._running)

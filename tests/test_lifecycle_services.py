@@ -11,8 +11,11 @@ from pathlib import Path
 import redis.asyncio as aioredis
 
 from extproc.app import build_pipeline
+from extproc.cache.store import Put
 from extproc.config import Config
 from extproc.metrics import Metrics
+from extproc.server import Session
+from load.bench_hop import REQUEST, body_message, chat, one_request
 from load.stack import RedisServer
 
 ROOT = Path(__file__).resolve().parent.parent / "extproc"
@@ -67,3 +70,39 @@ def test_services_built_started_used_and_closed_leave_redis_client_count_as_it_w
         server.kill()
     assert peak > before  # the services really connected
     assert after == before
+
+
+
+def test_a_gate_that_closes_lets_the_answers_being_stored_go_in() -> None:
+    """An answer is stored beside its request; a close just after the answer went out waits for
+    that store call instead of cancelling it, so the next process finds the answer in Redis."""
+
+    async def run(url: str) -> str:
+        config = Config.model_validate({"store": {"redis_url": url}})
+        pipeline = build_pipeline(config, Metrics())
+        await pipeline.start()
+        assert pipeline.services is not None
+        answers = pipeline.services.answers
+        put = answers.put
+
+        async def slow_put(item: Put) -> None:  # slower than the request, within its budget (100 ms)
+            await asyncio.sleep(0.06)
+            await put(item)
+
+        answers.put = slow_put  # type: ignore[method-assign]
+        await one_request(Session(pipeline), body_message("request_body", chat("kept at close?")))
+        await pipeline.aclose()
+        again = build_pipeline(config, Metrics())
+        await again.start()
+        session = Session(again)
+        await session.handle(REQUEST)
+        answer = (await session.handle(body_message("request_body", chat("kept at close?"))))[-1]
+        await session.close()
+        await again.aclose()
+        return str(answer.WhichOneof("response"))
+
+    server = RedisServer().start()
+    try:
+        assert asyncio.run(run(server.url)) == "immediate_response"  # a hit
+    finally:
+        server.kill()

@@ -16,6 +16,7 @@ from .store import Put
 
 ABANDONED_TTL_MS = 60_000
 CHECK = "cache.check"  # ex.state: the self-check this request carries upstream
+PUT_TASK = "cache_put"  # the background task that stores an answer
 
 
 class Keeper:
@@ -39,8 +40,8 @@ class Keeper:
         if f.capture is None:
             return
         f.capture.feed(chunk)
-        # A stream is whole at [DONE]: store it before [DONE] goes on to the client, which may
-        # close the connection right there (OpenAI's sync SDK does) before Envoy's end arrives.
+        # A stream is whole at [DONE]: its store starts before [DONE] goes on to the client, which
+        # may close the connection right there (OpenAI's sync SDK does) before Envoy's end arrives.
         if not end and not f.capture.complete:
             return
         capture, f.capture = f.capture, None
@@ -54,7 +55,7 @@ class Keeper:
         if isinstance(check, Check) and self.b.selfcheck is not None:
             self.b.selfcheck.compare(check, capture.kind, body, events)
         entry = Entry(capture.kind, body, events, f.q.text or "", f.q.model, f.q.tenant, time.time())
-        await self.put(f, entry, with_vector=True)
+        await self.keep(f, entry, with_vector=True)
 
     async def alias(self, f: Flight, entry: Entry, source: str, cosine: float) -> None:
         """Keep a paraphrase's answer under its own exact key: its repeats and followers need no
@@ -64,20 +65,34 @@ class Keeper:
             return
         alias = Entry(entry.kind, entry.body, entry.events, f.q.text or "", entry.model, entry.tenant,
                       time.time(), source=source, similarity=cosine)
-        await self.put(f, alias, with_vector=False)
+        await self.keep(f, alias, with_vector=False)
 
-    async def put(self, f: Flight, entry: Entry, *, with_vector: bool) -> None:
+    async def keep(self, f: Flight, entry: Entry, *, with_vector: bool) -> None:
+        """Store `entry` under the request's key and hand it to the followers, beside the
+        request: its answer goes on without waiting for the store's round trip. The task's
+        first step sends the store call in the same turn of the event loop, before the gate
+        reads anything more from Envoy, so the client's next request finds the entry (or, inside
+        a slow store's round trip, waits for it as a follower: still one model call). The lease
+        goes with the task: the exchange's end has none left to hand on."""
         vector = f.vector.astype("float32").tobytes() if with_vector and f.vector is not None else None
         raw = entry.dump()
         ttl_ms, most = int(self.b.ttl_s(entry) * 1000), self.b.config.max_entries_per_scope
+        token, f.token = f.token, None
         item = Put(f.q.scope, f.key, raw, ttl_ms, most, f.q.tenant, f.q.model, vector,
-                   f.bands if vector else (), f.token)
+                   f.bands if vector else (), token)
+        if self.b.tasks is None:
+            await self._put(item, entry)
+        else:
+            self.b.tasks.spawn(self._put(item, entry), PUT_TASK)
+
+    async def _put(self, item: Put, entry: Entry) -> None:
         b = self.b
         stored = await b.guard.run(_true(b.store.put(item)), False, "cache_put", b.op_timeout_s)
-        self.b.metrics.cache_stores.labels("stored" if stored else "failed").inc()
+        b.metrics.cache_stores.labels("stored" if stored else "failed").inc()
         if stored:
-            self.b.keep_hot(f.q.scope, f.key, entry, len(raw))
-        await self.finish(f, raw, stored=stored)
+            b.keep_hot(item.scope, item.key, entry, len(item.entry))
+        if item.token is not None:
+            await b.leases.finish(item.scope, item.key, item.token, item.entry, stored=stored)
 
     async def finish(self, f: Flight, entry: bytes | None, *, stored: bool) -> None:
         """Lead no more: followers get `entry` (or one of them takes over), the lease goes back."""

@@ -16,7 +16,7 @@ import redis.asyncio as aioredis
 
 from extproc.cache.backing import Backing
 from extproc.cache.hot import HotEntries
-from extproc.cache.keeper import Keeper
+from extproc.cache.keeper import PUT_TASK, Keeper
 from extproc.cache.lease import Leases
 from extproc.cache.lookup import Finder
 from extproc.cache.lsh import Lsh
@@ -184,6 +184,10 @@ async def send(
         return Result(status, {**head, **ex.client_headers}, b"".join(chunks), True)
     finally:
         await stage.on_done(ex)
+        # Until its answer is in the store: through the port, a client's next request comes a
+        # round trip after the store call was sent.
+        if stage.b.tasks is not None:
+            await stage.b.tasks.settle(PUT_TASK, 5.0)
 
 
 def cache_stage(

@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+from typing import cast
 
 import pytest
 
 from extproc.cache.redis_store import RedisStore
-from extproc.cache.store import MemoryStore, Store
+from extproc.cache.store import MemoryStore, Put, Store
+from extproc.exchange import Exchange
 from extproc.redis_wire import FastRedis
 from extproc.stages.cache import Cache
 from load.stack import RedisServer
 
-from .helpers import Upstream, WordEmbedder, cache_stage, chat, config, matcher, send
+from .helpers import CHAT, Upstream, WordEmbedder, cache_stage, chat, config, matcher, send
 
 
 def stage_on(store: Store, embedder: WordEmbedder | None = None, **cfg: object) -> Cache:
@@ -101,6 +103,49 @@ async def test_identical_burst_reaches_the_model_once(store: Store) -> None:
     assert up.calls == 1
     assert sorted(r.cache or "" for r in results) == ["coalesced"] * 19 + ["miss"]
     assert {r.text() for r in results} == {"Answer 1 to: burst"}
+    assert not stage.b.leases.local and not len(stage.b.leases.wakeups)
+
+
+class SlowPuts:
+    """A store whose answers go in only when the test lets them (a slow store's round trip)."""
+
+    def __init__(self, inner: Store) -> None:
+        self.inner = inner
+        self.go = asyncio.Event()
+        self.held = 0
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.inner, name)
+
+    async def put(self, item: Put) -> None:
+        self.held += 1
+        await self.go.wait()
+        await self.inner.put(item)
+
+
+async def test_a_miss_is_answered_before_its_store_and_its_followers_still_get_it(store: Store) -> None:
+    slow = SlowPuts(store)
+    stage, up = stage_on(cast(Store, slow)), Upstream()
+    headers = {"content-type": "application/json"}
+    ex = Exchange("POST", CHAT, headers, payload=chat("slow store"), tenant="acme")
+    assert await stage.on_request(ex) is None  # a miss: this request leads
+    follower = asyncio.ensure_future(send(stage, chat("slow store"), up))
+    await asyncio.sleep(0.05)
+    status, head, chunks = await up(chat("slow store"))
+    await stage.on_response(ex, status, head)
+    for chunk in chunks:
+        await stage.on_response_body(ex, chunk, False)
+    # The answer's last message returns while the store still holds its entry, and the
+    # exchange's end does not hand the lead to the follower (which would call the model again).
+    await asyncio.wait_for(stage.on_response_body(ex, b"", True), 0.5)
+    await stage.on_done(ex)
+    await asyncio.sleep(0.05)
+    assert (slow.held, follower.done(), up.calls) == (1, False, 1)
+    slow.go.set()
+    got = await asyncio.wait_for(follower, 5)
+    assert (got.cache, got.upstream, up.calls) == ("coalesced", False, 1)
+    assert got.text() == "Answer 1 to: slow store"
+    assert (await send(stage, chat("slow store"), up)).cache == "hit"
     assert not stage.b.leases.local and not len(stage.b.leases.wakeups)
 
 
