@@ -10,13 +10,17 @@ to the no-op ext_proc still come from `bench_gate`.
     python -m load.bench_hop --semantic minilm [--requests 400]   (a semantic miss's time, by part)
     python -m load.bench_hop --redis   (the same paths on a Redis store, started here: the request
                                         path's client against plain redis-py, alternated)
+    python -m load.bench_hop --miss-wait   (on a Redis store: how long a miss's last message and
+                                            the whole miss take, wall clock, p50)
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
 import os
+import statistics
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -155,6 +159,33 @@ async def semantic_breakdown(embedder: str, requests: int) -> str:
             f"capture {own - cache:.2f}")
 
 
+async def miss_wait(url: str, requests: int) -> str:
+    """A miss on a Redis store, one at a time with a client's round trip between them: the p50
+    wall time of its last message (the answer's body, where the answer is kept) and of all of
+    its messages."""
+    pipeline = build_pipeline(Config.model_validate({**SEMANTIC_OFF, "store": {"redis_url": url}}), Metrics())
+    await pipeline.start()
+    last, whole = [], []
+    try:
+        for i in range(requests + 100):
+            session = Session(pipeline)
+            started = time.perf_counter()
+            for message in (REQUEST, body_message("request_body", chat(f"question {i}")), RESPONSE):
+                await session.handle(message)
+            before_last = time.perf_counter()
+            await session.handle(RESPONSE_BODY)
+            ended = time.perf_counter()
+            await session.close()
+            await asyncio.sleep(0.002)  # the client's round trip before its next request
+            if i >= 100:  # after a warm-up
+                last.append(ended - before_last)
+                whole.append(ended - started)
+    finally:
+        await pipeline.aclose()
+    return (f"a miss on Redis: its last message p50 {statistics.median(last) * 1e3:.3f} ms, "
+            f"all of its messages p50 {statistics.median(whole) * 1e3:.3f} ms")
+
+
 def redis_rows(requests: int, repeat: int, rounds: int = 3) -> list[str]:
     """Each path on a Redis store, with the request path's client (`redis_wire.FastRedis`) and
     with plain redis-py in its place, alternated `rounds` times; the best of each."""
@@ -196,6 +227,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--redis", action="store_true",
                         help="instead: the paths on a Redis store, our client against redis-py")
+    parser.add_argument("--miss-wait", action="store_true",
+                        help="instead: a miss's wall time on a Redis store, its last message and all")
     parser.add_argument("--semantic", metavar="EMBEDDER",
                         help="instead: where a semantic miss's own time goes (minilm or e5-small)")
     args = parser.parse_args(argv)
@@ -208,6 +241,13 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.semantic:
         print(uvloop.run(semantic_breakdown(args.semantic, args.requests)))
+        return 0
+    if args.miss_wait:
+        server = RedisServer().start()
+        try:
+            print(uvloop.run(miss_wait(server.url, args.requests)))
+        finally:
+            server.kill()
         return 0
     if args.redis:
         out = args.out if args.out != RESULTS else RESULTS.with_name("bench_hop_redis.md")

@@ -68,19 +68,21 @@ class Keeper:
         await self.keep(f, alias, with_vector=False)
 
     async def keep(self, f: Flight, entry: Entry, *, with_vector: bool) -> None:
-        """Store `entry` under the request's key and hand it to the followers, beside the
-        request: its answer goes on without waiting for the store's round trip. The task's
+        """Store `entry` under the request's key and hand it to the followers. With Redis, beside
+        the request: its answer goes on without waiting for the store's round trip. The task's
         first step sends the store call in the same turn of the event loop, before the gate
         reads anything more from Envoy, so the client's next request finds the entry (or, inside
         a slow store's round trip, waits for it as a follower: still one model call). The lease
-        goes with the task: the exchange's end has none left to hand on."""
+        goes with the task: the exchange's end has none left to hand on. The embedded store's
+        call is only CPU, which would run before the answer is written either way: awaited, it
+        is counted in the request's own time."""
         vector = f.vector.astype("float32").tobytes() if with_vector and f.vector is not None else None
         raw = entry.dump()
         ttl_ms, most = int(self.b.ttl_s(entry) * 1000), self.b.config.max_entries_per_scope
         token, f.token = f.token, None
         item = Put(f.q.scope, f.key, raw, ttl_ms, most, f.q.tenant, f.q.model, vector,
                    f.bands if vector else (), token)
-        if self.b.tasks is None:
+        if self.b.tasks is None or self.b.guard.local:
             await self._put(item, entry)
         else:
             self.b.tasks.spawn(self._put(item, entry), PUT_TASK)
