@@ -138,7 +138,7 @@ class Services:
     async def aclose(self) -> None:
         """Stop every background task and close every client, whatever fails on the way."""
         for name, close in (
-            ("answers being stored", lambda: self.tasks.settle(PUT_TASK, STORE_SETTLE_S)),
+            ("answers being stored", lambda: self.tasks.wait(STORE_SETTLE_S, PUT_TASK)),
             ("tasks", self.tasks.aclose),
             ("breakers", self.breakers.close),
             ("breaker client", self._close_breaker_client),

@@ -56,17 +56,13 @@ class Tasks:
     def __len__(self) -> int:
         return len(self._running)
 
-    async def wait(self, timeout_s: float) -> None:
-        """Until the running tasks end by themselves, at most `timeout_s`."""
-        if self._running:
-            await asyncio.wait(list(self._running), timeout=timeout_s)
-
-    async def settle(self, name: str, timeout_s: float) -> None:
-        """Until the running tasks called `name` end by themselves, at most `timeout_s`: work a
-        request handed off (storing its answer) is let finish before a close cancels the rest."""
-        named = [task for task in self._running if task.get_name() == name]
-        if named:
-            await asyncio.wait(named, timeout=timeout_s)
+    async def wait(self, timeout_s: float, name: str | None = None) -> None:
+        """Until the running tasks (those called `name`, when given) end by themselves, at most
+        `timeout_s`. At a close, work a request handed off (storing its answer) is let finish
+        this way before the rest is cancelled."""
+        running = [task for task in self._running if name is None or task.get_name() == name]
+        if running:
+            await asyncio.wait(running, timeout=timeout_s)
 
     async def aclose(self, wait_s: float = 0.0) -> None:
         """Give the running tasks `wait_s` to finish, then cancel the rest and wait for them."""

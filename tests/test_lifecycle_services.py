@@ -72,7 +72,6 @@ def test_services_built_started_used_and_closed_leave_redis_client_count_as_it_w
     assert after == before
 
 
-
 def test_a_gate_that_closes_lets_the_answers_being_stored_go_in() -> None:
     """An answer is stored beside its request; a close just after the answer went out waits for
     that store call instead of cancelling it, so the next process finds the answer in Redis."""

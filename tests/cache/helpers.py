@@ -187,7 +187,7 @@ async def send(
         # Until its answer is in the store: through the port, a client's next request comes a
         # round trip after the store call was sent.
         if stage.b.tasks is not None:
-            await stage.b.tasks.settle(PUT_TASK, 5.0)
+            await stage.b.tasks.wait(5.0, PUT_TASK)
 
 
 def cache_stage(
