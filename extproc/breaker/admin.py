@@ -32,9 +32,9 @@ async def status(client: Client, config: Config, now: float) -> list[dict[str, A
     b = config.breaker
     rows = []
     for pool in config.routing.pools:
-        state = await shared.read_state(client, b.key_prefix, pool) or BreakerState(
-            Phase.CLOSED, now, 0, "no state yet"
-        )
+        stored = await shared.read_state(client, b.key_prefix, pool)
+        # No state yet: the whole window counts, as in the gate (its state starts at 0).
+        state = stored or BreakerState(Phase.CLOSED, 0.0, 0, "no state yet")
         window = Window(b.window_s, b.slices)
         slices = await shared.read_slices(client, b.key_prefix, pool, window.span(now, state.since))
         stats = summarize(slices, window.covered_s(now, state.since))
@@ -42,7 +42,7 @@ async def status(client: Client, config: Config, now: float) -> list[dict[str, A
             {
                 "pool": pool,
                 "state": state.phase.value,
-                "for_s": round(now - state.since, 1),
+                "for_s": round(now - state.since, 1) if stored is not None else None,
                 "version": state.version,
                 "reason": state.reason,
                 "p95_s": stats.p95_s,
@@ -58,8 +58,9 @@ def render(rows: list[dict[str, Any]]) -> str:
     lines = [f"{'pool':<14}{'state':<11}{'for':>9}  {'p95':>8}  {'errors':>7}  {'samples':>7}  reason"]
     for r in rows:
         p95 = "-" if r["p95_s"] is None else f"{r['p95_s']:.3f}s"
+        held = "-" if r["for_s"] is None else f"{r['for_s']}s"
         lines.append(
-            f"{r['pool']:<14}{r['state']:<11}{r['for_s']:>8}s  {p95:>8}  {r['error_rate']:>7.1%}  "
+            f"{r['pool']:<14}{r['state']:<11}{held:>9}  {p95:>8}  {r['error_rate']:>7.1%}  "
             f"{r['samples']:>7}  {r['reason']}"
         )
     return "\n".join(lines)

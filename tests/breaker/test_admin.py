@@ -28,13 +28,14 @@ def test_force_then_status_shows_the_shared_state(
     assert "forced by an operator" in capsys.readouterr().out
 
 
-async def push_samples(url: str) -> None:
+async def push_samples(url: str, age_s: float) -> None:
     client = aioredis.Redis.from_url(url)
     part = Slice()
     for _ in range(19):
         part.add(0.2, error=False)
     part.add(None, error=True)
-    await shared.push(client, "gate:breaker:", "primary", {Window(60, 20).index(time.time()): part}, 60)
+    index = Window(60, 20).index(time.time() - age_s)
+    await shared.push(client, "gate:breaker:", "primary", {index: part}, 60)
     await client.aclose()
 
 
@@ -44,11 +45,16 @@ def test_status_reads_the_window_merged_in_redis(
     import asyncio
 
     redis_server.flush()
-    asyncio.run(push_samples(redis_server.url))
+    # Samples from 10 s ago, with no state stored yet (no transition so far): the gate
+    # counts them, so the operator sees them too.
+    asyncio.run(push_samples(redis_server.url, age_s=10))
     assert cli(["breaker", "status", "--redis", redis_server.url, "--json"]) == 0
     row = next(r for r in orjson.loads(capsys.readouterr().out) if r["pool"] == "primary")
     assert row["samples"] == 20 and row["error_rate"] == 0.05 and 0.2 <= row["p95_s"] < 0.23
-    assert row["state"] == "closed"
+    assert row["state"] == "closed" and row["for_s"] is None
+    assert cli(["breaker", "status", "--redis", redis_server.url]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("primary"))
+    assert line.split()[1:3] == ["closed", "-"] and "no state yet" in line
 
 
 def test_unreachable_redis_is_a_clear_error(capsys: pytest.CaptureFixture[str]) -> None:
