@@ -14,8 +14,10 @@ import asyncio
 import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Literal
 
+from ..dedup.guards import read_ahead
 from ..embed.batching import EmbedShedError
 from ..exchange import EMBEDDED, Exchange
 from .backing import Backing, StoreDownError
@@ -146,7 +148,8 @@ class Finder:
                 f.vector = handed[2]
             else:
                 async with asyncio.timeout(self.b.config.semantic.embed_timeout_ms / 1000):
-                    f.vector = await m.embedder.embed(text)
+                    # The guards read the query while the model runs: the loop would wait idle.
+                    f.vector = await m.embedder.embed(text, partial(read_ahead, text))
         except EmbedShedError:  # could not arrive in time: shed early and counted (gate_embed_shed_total)
             self.b.metrics.cache_semantic_skips.labels("embed_shed").inc()
             return False

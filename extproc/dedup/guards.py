@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 from collections import Counter
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from difflib import SequenceMatcher
 from functools import lru_cache
 
@@ -216,7 +217,7 @@ def entities(text: str) -> set[str]:
     return {canonical(e) for e in found if e.strip()}
 
 
-def _missing(names: set[str], other: str) -> bool:
+def _missing(names: frozenset[str], other: str) -> bool:
     hay = canonical(other)
     return any(n not in hay for n in names)
 
@@ -349,28 +350,64 @@ def swapped(a: str, b: str, min_shared: float = 0.7, max_edit: int = 4) -> str |
 # --------------------------------------------------------------------------- all guards
 
 
+@dataclass(frozen=True)
+class Reading:
+    """What the guards read from one prompt, once: a query meets each of its candidates, a
+    stored prompt many queries. Counts as sorted (value, count) pairs, names as sets."""
+
+    negations: int
+    numbers: tuple[tuple[str, int], ...]
+    dates: tuple[tuple[str, int], ...]
+    amounts: tuple[tuple[str, int], ...]
+    ids: frozenset[str]
+    entities: frozenset[str]
+    entity_words: frozenset[str]
+    directions: frozenset[tuple[str, str]]
+
+
+@lru_cache(maxsize=4096)
+def reading(text: str) -> Reading:
+    names = frozenset(entities(text))
+    return Reading(
+        negations(text),
+        tuple(sorted(numbers(text).items())),
+        tuple(sorted(dates(text).items())),
+        tuple(sorted(amounts(text).items())),
+        frozenset(ids(text)),
+        names,
+        frozenset(w for e in names for w in e.split()),
+        frozenset(directions(text)),
+    )
+
+
+def read_ahead(text: str) -> None:
+    """Read a prompt for the guards before its pairs are decided (e.g. while it is embedded)."""
+    reading(text)
+    tokens(text)
+
+
 def _negation(a: str, b: str) -> bool:
-    return negations(a) != negations(b)
+    return reading(a).negations != reading(b).negations
 
 
 def _numbers(a: str, b: str) -> bool:
-    return numbers(a) != numbers(b)
+    return reading(a).numbers != reading(b).numbers
 
 
 def _dates(a: str, b: str) -> bool:
-    return dates(a) != dates(b)
+    return reading(a).dates != reading(b).dates
 
 
 def _amounts(a: str, b: str) -> bool:
-    return amounts(a) != amounts(b)
+    return reading(a).amounts != reading(b).amounts
 
 
 def _ids(a: str, b: str) -> bool:
-    return ids(a) != ids(b)
+    return reading(a).ids != reading(b).ids
 
 
 def _entities(a: str, b: str) -> bool:
-    return _missing(entities(a), b) or _missing(entities(b), a)
+    return _missing(reading(a).entities, b) or _missing(reading(b).entities, a)
 
 
 def _antonyms(a: str, b: str) -> bool:
@@ -392,7 +429,7 @@ def directions(text: str) -> set[tuple[str, str]]:
 
 
 def _direction(a: str, b: str) -> bool:
-    da, db = directions(a), directions(b)
+    da, db = reading(a).directions, reading(b).directions
     return any(y.startswith(x2) and y2.startswith(x) for x, y in da for x2, y2 in db if (x, y) != (x2, y2))
 
 
@@ -408,11 +445,7 @@ GUARDS: dict[str, Callable[[str, str], bool]] = {
 }
 
 
-def _entity_words(text: str) -> set[str]:
-    return {w for e in entities(text) for w in e.split()}
-
-
-def _one_sided(x: Counter[str] | set[str], y: Counter[str] | set[str]) -> bool:
+def _one_sided(x: tuple[tuple[str, int], ...], y: tuple[tuple[str, int], ...]) -> bool:
     """Only one side mentions any: an added detail, not a replaced one."""
     return not x or not y
 
@@ -420,7 +453,9 @@ def _one_sided(x: Counter[str] | set[str], y: Counter[str] | set[str]) -> bool:
 def _replaced_entities(a: str, b: str) -> bool:
     """Both prompts name something the other does not: a name swapped, not one added."""
     ca, cb = canonical(a), canonical(b)
-    return any(w not in cb for w in _entity_words(a)) and any(w not in ca for w in _entity_words(b))
+    return any(w not in cb for w in reading(a).entity_words) and any(
+        w not in ca for w in reading(b).entity_words
+    )
 
 
 # A difference a guard sees is a hard veto when the prompts are otherwise the same (a small edit:
@@ -461,7 +496,7 @@ def guard_verdict(
 
 def _soft(name: str, a: str, b: str) -> bool:
     if name == "number":
-        return _one_sided(numbers(a), numbers(b))
+        return _one_sided(reading(a).numbers, reading(b).numbers)
     if name == "date":
-        return _one_sided(dates(a), dates(b))
+        return _one_sided(reading(a).dates, reading(b).dates)
     return not _replaced_entities(a, b)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from functools import lru_cache
 
 _HAN = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]")
 _KANA = re.compile(r"[\u3040-\u30ff]")
@@ -10,6 +11,7 @@ _HANGUL = re.compile(r"[\uac00-\ud7af]")
 _LATIN = re.compile(r"[A-Za-z\u00c0-\u024f]+")
 
 
+@lru_cache(maxsize=4096)  # asked for a query before its embedding and for each of its pairs
 def language(text: str) -> str:
     """'zh', 'ja', 'ko', 'en' (any Latin-script text), 'other', or '' for text without letters."""
     kana, hangul, han = len(_KANA.findall(text)), len(_HANGUL.findall(text)), len(_HAN.findall(text))

@@ -153,6 +153,7 @@ class _Item:
     loop: asyncio.AbstractEventLoop
     queued: float
     deadline: float | None  # when the embedder gives up on it
+    meanwhile: Callable[[], object] | None = None  # the caller's work while the model runs
     abandoned: bool = False  # set on the loop when the caller left; the workers skip it
 
 
@@ -217,10 +218,15 @@ class BatchingEmbedder:
     def queued(self) -> int:
         return len(self._pending)
 
-    async def embed(self, text: str) -> np.ndarray:
+    async def embed(self, text: str, meanwhile: Callable[[], object] | None = None) -> np.ndarray:
+        """The text's vector. ``meanwhile``: the caller's work for its event loop while the model
+        runs (the loop would wait idle otherwise), called on the loop once a worker has started
+        the text's batch: called before, it would hold the interpreter's lock that the worker
+        needs to start, and run first instead of beside."""
         loop = asyncio.get_running_loop()
         now, budget = self._clock(), self._budget_s
-        item = _Item(text, loop.create_future(), loop, now, None if budget is None else now + budget)
+        deadline = None if budget is None else now + budget
+        item = _Item(text, loop.create_future(), loop, now, deadline, meanwhile)
         with self._cond:
             ahead = len(self._pending)
             wait = estimated_wait(ahead, self._running, self.workers, self._per_text_s)
@@ -335,6 +341,10 @@ class BatchingEmbedder:
     def _work(self) -> None:
         name_native_thread(threading.current_thread().name)
         while (batch := self._take()) is not None:
+            for item in batch:
+                if item.meanwhile is not None:
+                    with contextlib.suppress(RuntimeError):  # that loop is closed: nobody waits
+                        item.loop.call_soon_threadsafe(item.meanwhile)
             start = self._clock()
             vectors: np.ndarray | None = None
             states: list[TokenStates] | None = None

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -52,10 +52,12 @@ class WordEmbedder:
     def can_read(self, text: str) -> bool:
         return text.isascii() and bool(text.strip())
 
-    async def embed(self, text: str) -> np.ndarray:
+    async def embed(self, text: str, meanwhile: Callable[[], object] | None = None) -> np.ndarray:
         self.calls += 1
         if self.fail:
             raise RuntimeError("embedder broke")
+        if meanwhile is not None:
+            meanwhile()
         v = np.zeros(self.dim, dtype=np.float32)
         for word in re.findall(r"\w+", text.lower()):
             seed = int(hashlib.sha256(word.encode()).hexdigest()[:8], 16)

@@ -168,6 +168,18 @@ async def test_the_next_batch_runs_while_the_loop_is_busy() -> None:
         await emb.aclose()
 
 
+async def test_the_callers_own_work_runs_while_its_text_is_embedded() -> None:
+    """`meanwhile` runs on the caller's loop once its text's batch has started: beside the model."""
+    inner = Slow(0.2)
+    emb = BatchingEmbedder(inner, max_batch=2, workers=1, window_s=0)
+    seen: list[int] = []
+    try:
+        vector = await emb.embed("abc", lambda: (hold_the_loop(0.2), seen.append(len(inner.sizes))))
+    finally:
+        await emb.aclose()
+    assert int(vector[0]) == 3 and seen == [1]  # its batch was running when the caller's work ended
+
+
 async def test_a_full_queue_sheds_at_once_and_counts_it() -> None:
     inner = Slow(0.3)
     sheds: list[str] = []
