@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator
+from typing import Any
 
 import grpc
 import orjson
@@ -14,6 +15,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from extproc.app import build_pipeline
+from extproc.cache.keeper import PUT_TASK
 from extproc.config import Config
 from extproc.metrics import Metrics
 from extproc.port import ListenError
@@ -33,7 +35,11 @@ def body(data: bytes) -> pb.ProcessingRequest:
 
 
 def response_headers(status: int) -> pb.ProcessingRequest:
-    hv = [base_pb2.HeaderValue(key=":status", raw_value=str(status).encode())]
+    return response_headers_of({":status": str(status)})
+
+
+def response_headers_of(values: dict[str, str]) -> pb.ProcessingRequest:
+    hv = [base_pb2.HeaderValue(key=k, raw_value=v.encode()) for k, v in values.items()]
     return pb.ProcessingRequest(response_headers=pb.HttpHeaders(headers=base_pb2.HeaderMap(headers=hv)))
 
 
@@ -211,6 +217,54 @@ async def test_an_answer_the_guardrail_cannot_read_is_withheld() -> None:
     assert "'guardrail'" in error["message"] and "withheld" in error["message"]
     assert set_headers(immediate.headers)["x-request-id"] in error["message"]
     assert plain.HasField("response_headers")  # a plain answer goes on (with its filter)
+
+
+async def test_a_miss_is_written_to_envoy_before_the_embedded_store_keeps_it() -> None:
+    """The embedded store's call is only CPU: it runs once the answer's last message is on
+    the wire, not in front of it. The next request then finds the entry."""
+    pipeline = build_pipeline(Config(), Metrics())
+    await pipeline.start()
+    running = await start_server(pipeline, "127.0.0.1", 0, 2 << 20)
+    assert pipeline.services is not None
+    store, events = pipeline.services.answers, []
+    put = store.put
+
+    async def noted_put(item: Any) -> None:
+        events.append(b"put")
+        await put(item)
+
+    store.put = noted_put  # type: ignore[method-assign]
+    answer = (
+        b'{"id":"x","object":"chat.completion","model":"phi-3","choices":[{"index":0,'
+        b'"message":{"role":"assistant","content":"Hello."},"finish_reason":"stop"}],'
+        b'"usage":{"prompt_tokens":9,"completion_tokens":2,"total_tokens":11}}'
+    )
+    json_headers = {":status": "200", "content-type": "application/json"}
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{running.port}") as channel:
+            stub = pb_grpc.ExternalProcessorStub(channel)
+            await exchange(stub, headers({**POST, "x-warm": "1"}))  # the connection is up
+            for connection in running.server.connections:
+                write = connection.transport.write
+
+                def noted_write(data: Any, write: Any = write) -> None:
+                    events.append(bytes(data))
+                    write(data)
+
+                connection.transport.write = noted_write  # type: ignore[method-assign]
+            last = pb.ProcessingRequest(response_body=pb.HttpBody(body=answer, end_of_stream=True))
+            *_, sent = await exchange(
+                stub, headers(POST), body(GOOD), response_headers_of(json_headers), last
+            )
+            await pipeline.services.tasks.wait(1.0, PUT_TASK)
+            *_, repeat = await exchange(stub, headers(POST), body(GOOD))
+    finally:
+        await running.server.stop(0)
+        await running.processor.pipeline.aclose()
+    written = next(i for i, e in enumerate(events) if sent.SerializeToString() in e)
+    assert events.index(b"put") > written
+    hit = repeat.immediate_response
+    assert set_headers(hit.headers)["x-gate-cache"] == "hit" and b'"content":"Hello."' in hit.body
 
 
 # --- the port itself: what Envoy's connection and health checks rely on ---

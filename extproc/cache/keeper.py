@@ -3,6 +3,7 @@ followers handed it (or one of them the lead) however the exchange ends."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Coroutine
 from typing import Any
@@ -68,27 +69,30 @@ class Keeper:
         await self.keep(f, alias, with_vector=False)
 
     async def keep(self, f: Flight, entry: Entry, *, with_vector: bool) -> None:
-        """Store `entry` under the request's key and hand it to the followers. With Redis, beside
-        the request: its answer goes on without waiting for the store's round trip. The task's
-        first step sends the store call in the same turn of the event loop, before the gate
-        reads anything more from Envoy, so the client's next request finds the entry (or, inside
-        a slow store's round trip, waits for it as a follower: still one model call). The lease
-        goes with the task: the exchange's end has none left to hand on. The embedded store's
-        call is only CPU, which would run before the answer is written either way: awaited, it
-        is counted in the request's own time."""
+        """Store `entry` under the request's key and hand it to the followers, beside the request:
+        its answer goes on without waiting for the store. A Redis store's call is sent in the
+        task's first step, in the same turn of the event loop, before the gate reads anything
+        more from Envoy, so the client's next request finds the entry (or, inside a slow store's
+        round trip, waits for it as a follower: still one model call). The embedded store's call
+        is only CPU: it runs a turn later, once the answer is written. The lease goes with the
+        task: the exchange's end has none left to hand on."""
         vector = f.vector.astype("float32").tobytes() if with_vector and f.vector is not None else None
         raw = entry.dump()
         ttl_ms, most = int(self.b.ttl_s(entry) * 1000), self.b.config.max_entries_per_scope
         token, f.token = f.token, None
         item = Put(f.q.scope, f.key, raw, ttl_ms, most, f.q.tenant, f.q.model, vector,
                    f.bands if vector else (), token)
-        if self.b.tasks is None or self.b.guard.local:
+        if self.b.tasks is None:
             await self._put(item, entry)
         else:
-            self.b.tasks.spawn(self._put(item, entry), PUT_TASK)
+            self.b.tasks.spawn(self._put(item, entry, after_answer=self.b.guard.local), PUT_TASK)
 
-    async def _put(self, item: Put, entry: Entry) -> None:
+    async def _put(self, item: Put, entry: Entry, after_answer: bool = False) -> None:
         b = self.b
+        if after_answer:
+            # This first step runs before the port writes the answer (queued in the same turn);
+            # the next one runs after it.
+            await asyncio.sleep(0)
         stored = await b.guard.run(_true(b.store.put(item)), False, "cache_put", b.op_timeout_s)
         b.metrics.cache_stores.labels("stored" if stored else "failed").inc()
         if stored:
