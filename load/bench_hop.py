@@ -43,6 +43,7 @@ from .bench_gate import ANSWER, ONLY_VALIDATE_AND_ROUTE, SEMANTIC_OFF, semantic
 from .stack import RedisServer
 
 RESULTS = Path(__file__).parent / "results" / "bench_hop.md"
+ROUND_TRIP_S = 0.002  # one request at a time: the client's round trip before its next one
 
 # What Envoy sends for wrk's POST (Envoy adds x-request-id, x-forwarded-proto, x-envoy-*).
 REQUEST_HEADERS = {
@@ -136,7 +137,9 @@ VARIANTS: list[tuple[str, dict[str, Any], Callable[[int], str]]] = [
 
 
 async def semantic_breakdown(embedder: str, requests: int) -> str:
-    """Where a semantic miss's own time goes, one request at a time, from the gate's metrics:
+    """Where a semantic miss's own time goes, one request at a time (a client's round trip
+    apart, as at one connection: the work after an answer is not in the next request's way),
+    from the gate's metrics:
     the text's wait for the embedding thread, the model run, the rest of the cache stage (the
     lookup beyond the embedding, the hand-back) and everything else (other stages, capture)."""
     metrics = Metrics()
@@ -147,9 +150,11 @@ async def semantic_breakdown(embedder: str, requests: int) -> str:
     try:
         for i in range(200):
             await one_request(Session(pipeline), body_message("request_body", chat(f"question {i} of 7")))
+            await asyncio.sleep(ROUND_TRIP_S)
         before = [s.read()[1] for s in series]
         for i in range(requests):
             await one_request(Session(pipeline), body_message("request_body", chat(f"question {i} of 9")))
+            await asyncio.sleep(ROUND_TRIP_S)
         spent = [(s.read()[1] - b) / requests * 1e3 for s, b in zip(series, before, strict=True)]
         own, cache, queued, model = spent
     finally:
@@ -176,7 +181,7 @@ async def miss_wait(url: str, requests: int) -> str:
             await session.handle(RESPONSE_BODY)
             ended = time.perf_counter()
             await session.close()
-            await asyncio.sleep(0.002)  # the client's round trip before its next request
+            await asyncio.sleep(ROUND_TRIP_S)
             if i >= 100:  # after a warm-up
                 last.append(ended - before_last)
                 whole.append(ended - started)
