@@ -42,6 +42,8 @@ def script_of(ch: str) -> str:
 
 
 def letters_outside(text: str, scripts: frozenset[str]) -> int:
+    if "Latin" in scripts and text.isascii():  # every ASCII letter is Latin: no walk of the text
+        return 0
     return sum(1 for ch in text if ch.isalpha() and script_of(ch) not in scripts)
 
 

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from extproc.embed import OnnxEmbedder, load_embedder
 from extproc.embed.build import build_e5, build_minilm
-from extproc.embed.encoder import plan_batches, script_of
+from extproc.embed.encoder import letters_outside, plan_batches, script_of
 
 from .sentences import MIXED
 
@@ -76,6 +76,14 @@ def test_scripts() -> None:
     assert script_of("か") == "Kana"
     assert script_of("한") == "Hangul"
     assert script_of("Ж") == "Cyrillic"
+
+
+def test_letters_outside_the_scripts_a_model_reads() -> None:
+    latin, han = frozenset({"Latin"}), frozenset({"Han"})
+    assert letters_outside("Where is my order 42?", latin) == 0
+    assert letters_outside("Where is my order 42?", han) == 14  # ASCII is not read by a Han model
+    assert letters_outside("Привет, my order", latin) == 6
+    assert letters_outside("我的订单 order", han | latin) == 0
 
 
 @given(st.lists(st.integers(1, 300), max_size=80), st.integers(1, 16))
