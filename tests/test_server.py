@@ -198,9 +198,7 @@ async def test_an_answer_the_guardrail_cannot_read_is_withheld() -> None:
     running = await start_server(pipeline, "127.0.0.1", 0, 2 << 20)
 
     def answer_headers(**extra: str) -> pb.ProcessingRequest:
-        values = {":status": "200", "content-type": "application/json", **extra}
-        hv = [base_pb2.HeaderValue(key=k, raw_value=v.encode()) for k, v in values.items()]
-        return pb.ProcessingRequest(response_headers=pb.HttpHeaders(headers=base_pb2.HeaderMap(headers=hv)))
+        return response_headers_of({":status": "200", "content-type": "application/json", **extra})
 
     try:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{running.port}") as channel:
