@@ -102,7 +102,10 @@ def retry_policy() -> dict[str, Any]:
                 },
             }
         ],
-        "host_selection_retry_max_attempts": 3,
+        # A retry avoids the hosts already tried, drawing again while it picks one (the balancer
+        # draws at random). With half a pool refusing, before it is ejected, 3 draws again left
+        # 1 request in ~500 on refusing hosts for all its tries (a 503); 6 leave 1 in ~30,000.
+        "host_selection_retry_max_attempts": 6,
     }
 
 
