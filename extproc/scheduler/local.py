@@ -63,6 +63,7 @@ class LocalScheduler:
         self._waiters: dict[str, asyncio.Future[Granted | Refused]] = {}
         self._prompt_tokens = 256.0
         self._wake = asyncio.Event()
+        self._timer_due = math.inf  # when the timer wakes next on its own
         self._tasks = Tasks(metrics)
         self._started = False
         self._closed = False
@@ -106,6 +107,7 @@ class LocalScheduler:
         now = self.clock()
         done = self.queue.release(id, now) or self.queue.cancel(id, now)
         self._apply(self.queue.poll(now))
+        self._publish()
         return done
 
     def renew(self, ids: list[str]) -> list[str]:
@@ -155,7 +157,15 @@ class LocalScheduler:
                 m.queue_demotions.labels(pool, e.asked).inc()
             elif isinstance(e, Expired):
                 m.queue_lease_expiries.labels(pool).inc()
-        self._wake.set()
+        self._nudge()
+
+    def _nudge(self) -> None:
+        """Wake the timer when it would sleep past something the change made due: anything while
+        requests wait (deadlines, windows, rechecks), or a new grant's lease expiry before the
+        timer's own wake-up. A slot granted and released at once (most requests) wakes nothing."""
+        q = self.queue
+        if q.waiting or self._timer_due > self.clock() + q.policy.lease_s:
+            self._wake.set()
 
     def _publish(self) -> None:
         m, pool = self.metrics, self.pool
@@ -170,6 +180,7 @@ class LocalScheduler:
             self._publish()
             self._wake.clear()
             wake = self.queue.next_wakeup(self.clock())
+            self._timer_due = math.inf if wake is None else wake
             timeout = None if wake is None else max(0.0005, wake - self.clock())
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(timeout):
