@@ -202,6 +202,10 @@ async def worker_kill(stack: Stack, sizes: Sizes, out: Outcome) -> None:
     out.rows, out.fault_t = await under_load(stack, sizes, fault)
     share = len(out.failed) / max(1, len(out.rows))
     unjson = [r for r in out.failed if not (r.get("error_json") and r.get("request_id"))]
+    for r in unjson:  # what kind of request, and how far it got: where the limit lies
+        out.facts.append(f"not a JSON error: a {'stream' if r['stream'] else 'JSON'} request, status "
+                         f"{r.get('status')}, headers {'in' if 'ttfb_ms' in r else 'not in'}, "
+                         f"{r.get('error') or r.get('error_body', '')[:80]!r}")
     out.checks += [(f"≤ 1% failed ({share:.1%})", share <= 0.01),
                    (f"each failure a JSON error with a request id ({len(unjson)} not)", not unjson)]
 
