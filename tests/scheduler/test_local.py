@@ -27,19 +27,19 @@ async def test_every_lease_expires_on_time_though_most_grants_leave_the_timer_as
     # A grant wakes the timer only when its lease would expire before the timer's next wake-up:
     # the second grant comes while the timer sleeps until the first one's expiry.
     metrics = Metrics()
-    policy = Policy(batch_window_s={c: 0.0 for c in CLASSES}, lease_s=0.3)
+    policy = Policy(batch_window_s={c: 0.0 for c in CLASSES}, lease_s=0.6)
     # No capacity refresh in the test's time (each refresh polls the queue too): the timer alone.
     scheduler = LocalScheduler("primary", policy, Capacity(static_limit=4, refresh_ms=60_000), metrics)
     await scheduler.start()
     try:
         await asyncio.sleep(0.05)  # the timer asleep with nothing to wait for
         assert isinstance(await scheduler.acquire(Ticket("a")), Granted)
-        await asyncio.sleep(0.15)
+        await asyncio.sleep(0.3)
         assert isinstance(await scheduler.acquire(Ticket("b")), Granted)
         assert in_flight(metrics) == 2
-        await until(lambda: "a" not in scheduler.queue.held, within=1.0)
-        assert "b" in scheduler.queue.held  # it has 0.15 s to go
-        await until(lambda: not scheduler.queue.held, within=1.0)
+        await until(lambda: "a" not in scheduler.queue.held, within=2.0)
+        assert "b" in scheduler.queue.held  # it has 0.3 s to go
+        await until(lambda: not scheduler.queue.held, within=2.0)
         assert metrics.queue_lease_expiries.labels("primary")._value.get() == 2
         assert in_flight(metrics) == 0
     finally:
