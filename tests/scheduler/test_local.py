@@ -3,20 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 
 from extproc.metrics import Metrics
 from extproc.scheduler.local import LocalScheduler
 from extproc.scheduler.queue import CLASSES, Granted, Policy, Ticket
 from extproc.scheduler.settings import Capacity
 
-
-async def until(check: Callable[[], bool], within: float) -> None:
-    for _ in range(int(within / 0.01)):
-        if check():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"not within {within} s")
+from .test_service import eventually
 
 
 def in_flight(metrics: Metrics) -> float:
@@ -37,9 +30,9 @@ async def test_every_lease_expires_on_time_though_most_grants_leave_the_timer_as
         await asyncio.sleep(0.3)
         assert isinstance(await scheduler.acquire(Ticket("b")), Granted)
         assert in_flight(metrics) == 2
-        await until(lambda: "a" not in scheduler.queue.held, within=2.0)
+        await eventually(lambda: "a" not in scheduler.queue.held, within=2.0)
         assert "b" in scheduler.queue.held  # it has 0.3 s to go
-        await until(lambda: not scheduler.queue.held, within=2.0)
+        await eventually(lambda: not scheduler.queue.held, within=2.0)
         assert metrics.queue_lease_expiries.labels("primary")._value.get() == 2
         assert in_flight(metrics) == 0
     finally:
